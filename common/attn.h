@@ -1,0 +1,59 @@
+// attn.h - the one interface between the shared harness (common/harness.c) and a stage.
+//
+// Every stage directory defines exactly one `attn_stage STAGE` in its .cu file; the harness owns
+// everything else (command line, inputs, checking, timing, CSV), so a stage holds only its kernels.
+#ifndef FLASH_STAGES_ATTN_H
+#define FLASH_STAGES_ATTN_H
+
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// One attention problem. Tensors are fp16, row-major [B, H, S, D]; softmax scale is 1/sqrt(D).
+typedef struct {
+    int batch;   // B >= 1
+    int heads;   // H >= 1
+    int seq;     // S >= 1, any value: kernels mask tails, never assume divisibility
+    int dim;     // D, head dimension
+    int causal;  // 1: query i sees keys 0..i only
+} attn_shape;
+
+typedef struct {
+    const void *q, *k, *v;  // device, fp16 [B, H, S, D]
+    void *o;                // device, fp16 [B, H, S, D]
+    void *workspace;        // device scratch of workspace_bytes(shape) bytes (NULL when 0)
+} attn_tensors;
+
+typedef struct {
+    const char *name;  // directory name, e.g. "03_online_softmax"
+    const char *idea;  // one line, printed by --help
+    // NULL when the stage can run `shape`, otherwise a sentence that says why not.
+    const char *(*unsupported)(const attn_shape *shape);
+    // Scratch the forward pass needs in device memory (0 for none).
+    size_t (*workspace_bytes)(const attn_shape *shape);
+    // Enqueue the forward pass on `stream`; returns the launch error, if any.
+    cudaError_t (*forward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
+} attn_stage;
+
+// Defined by the stage being built into this executable.
+extern const attn_stage STAGE;
+
+// Elements in one of Q, K, V, O.
+static inline size_t attn_elems(const attn_shape *s) {
+    return (size_t)s->batch * s->heads * s->seq * s->dim;
+}
+
+// FLOPs of the forward pass by the usual convention: two S x S x D matrix products (QK^T, PV) at
+// 2 FLOPs per multiply-add, halved for causal. Softmax and masked-out work are not counted.
+static inline double attn_forward_flops(const attn_shape *s) {
+    double f = 4.0 * s->batch * s->heads * (double)s->seq * s->seq * s->dim;
+    return s->causal ? 0.5 * f : f;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

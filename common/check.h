@@ -1,0 +1,44 @@
+// check.h - compare a stage's fp16 output with the float64 reference.
+#ifndef FLASH_STAGES_CHECK_H
+#define FLASH_STAGES_CHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "attn.h"
+
+// Element-wise bound |out - ref| <= CHECK_ATOL + CHECK_RTOL * |ref|. docs/measuring.md derives it:
+// fp16 rounding of O (and, from stage 05 on, of P) costs at most ~1e-3 on these inputs, while an
+// indexing or masking bug moves outputs by 1e-2 to 1.
+#define CHECK_ATOL 4e-3
+#define CHECK_RTOL 4e-3
+
+// Problems up to this many float64 multiply-adds (B*H*S*S*D) are checked in full; larger ones on
+// a fixed sample of rows per (batch, head), each row still computed over all of its keys.
+#define CHECK_FULL_MACS 6.0e8
+#define CHECK_SAMPLE_MACS 4.0e8  // total budget for sampled checks
+#define CHECK_MIN_ROWS_PER_HEAD 8
+
+typedef struct {
+    int full;                  // 1: every row compared, 0: sampled rows
+    size_t rows_checked;
+    size_t unwritten;          // elements still holding HALF_POISON (anywhere in O)
+    size_t nonfinite;          // other NaN/Inf elements (anywhere in O)
+    size_t over_tolerance;     // finite elements of checked rows outside the bound
+    double max_abs_err;        // over checked finite elements
+    double rel_l2_err;         // ||out - ref|| / ||ref|| over checked finite elements
+    size_t first_bad;          // flat index of the first failing element; (size_t)-1 if none
+    double first_bad_out, first_bad_ref;
+} check_result;
+
+// q, k, v: float copies of the fp16 inputs; out: the stage's fp16 output, all [B, H, S, D].
+check_result check_output(const attn_shape *shape, const float *q, const float *k, const float *v,
+                          const uint16_t *out);
+
+static inline int check_passed(const check_result *r) {
+    return r->unwritten == 0 && r->nonfinite == 0 && r->over_tolerance == 0;
+}
+
+// Prints the verdict, the errors and, on failure, the first bad element as [b, h, s, d].
+void check_print(const attn_shape *shape, const check_result *r);
+
+#endif

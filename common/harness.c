@@ -1,0 +1,390 @@
+// harness.c - the one main() every stage links: command line, inputs, check, timing, CSV, .npy.
+//
+// A stage provides `STAGE` (attn.h); this file does everything around its forward pass, the same
+// way for every stage, so numbers from different stages are comparable.
+//
+// Exit codes: 0 ok, 1 check failed or CUDA error, 2 bad command line or input file,
+// 3 shape not supported by this stage (or too large for this GPU), 77 no CUDA device (CTest skip).
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "attn.h"
+#include "check.h"
+#include "cuda_check.h"
+#include "half.h"
+#include "npy.h"
+#include "omp_compat.h"
+
+#ifndef FLASH_STAGES_GIT_COMMIT
+#define FLASH_STAGES_GIT_COMMIT "unknown"
+#endif
+
+enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU = 77 };
+
+// Timing stops early once this many seconds have been timed and at least MIN_TIMED_RUNS ran, so
+// the slow early stages finish the benchmark sweep in minutes; the CSV records the run count.
+#define TIME_BUDGET_S 4.0
+#define MIN_TIMED_RUNS 5
+
+typedef struct {
+    attn_shape shape;
+    int bench;
+    int iters, warmup;
+    unsigned long long seed;
+    const char *csv_path, *load_dir, *save_dir;
+} options;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: %s [options]\n"
+            "  stage %s: %s\n"
+            "\n"
+            "  --batch B      batch size (default 1)\n"
+            "  --heads H      heads (default 8)\n"
+            "  --seq S        sequence length, any S >= 1 (default 512)\n"
+            "  --dim D        head dimension (default 64)\n"
+            "  --causal       causal mask: query i attends to keys 0..i\n"
+            "  --check        run once and compare with the float64 CPU reference (the default)\n"
+            "  --bench        check, then time: median of --iters runs, L2 flushed before each\n"
+            "  --iters N      timed runs (default 30; fewer once %.0f s are timed, at least %d)\n"
+            "  --warmup N     untimed runs before timing (default 3)\n"
+            "  --seed N       seed of the random N(0,1) inputs (default 1)\n"
+            "  --csv FILE     append one result row to FILE (with --bench)\n"
+            "  --load DIR     read DIR/q.npy, k.npy, v.npy (fp16 [B,H,S,D]) instead of random inputs\n"
+            "  --save DIR     write DIR/q.npy, k.npy, v.npy, o.npy after the run\n"
+            "  --help         this text\n"
+            "\n"
+            "exit codes: 0 ok, 1 check failed or CUDA error, 2 bad arguments, 3 unsupported shape,\n"
+            "77 no CUDA device\n",
+            STAGE.name, STAGE.name, STAGE.idea, TIME_BUDGET_S, MIN_TIMED_RUNS);
+}
+
+static void die_usage(const char *fmt, const char *arg) {
+    fprintf(stderr, "%s: ", STAGE.name);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n\n");
+    usage(stderr);
+    exit(EXIT_USAGE);
+}
+
+static long long parse_integer(const char *flag, const char *text, long long min, long long max) {
+    if (!text) die_usage("%s needs a value", flag);
+    char *end;
+    errno = 0;
+    long long value = strtoll(text, &end, 10);
+    if (errno || end == text || *end != '\0' || value < min || value > max) {
+        fprintf(stderr, "%s: %s must be an integer in [%lld, %lld], got '%s'\n\n", STAGE.name, flag,
+                min, max, text);
+        usage(stderr);
+        exit(EXIT_USAGE);
+    }
+    return value;
+}
+
+static options parse_options(int argc, char **argv) {
+    options opt = {.shape = {.batch = 1, .heads = 8, .seq = 512, .dim = 64, .causal = 0},
+                   .iters = 30,
+                   .warmup = 3,
+                   .seed = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
+        // Grid dimensions y and z (heads, batch) are limited to 65535 by CUDA.
+        if (!strcmp(a, "--batch")) opt.shape.batch = (int)parse_integer(a, next, 1, 65535), i++;
+        else if (!strcmp(a, "--heads")) opt.shape.heads = (int)parse_integer(a, next, 1, 65535), i++;
+        else if (!strcmp(a, "--seq")) opt.shape.seq = (int)parse_integer(a, next, 1, INT_MAX), i++;
+        else if (!strcmp(a, "--dim")) opt.shape.dim = (int)parse_integer(a, next, 1, 1024), i++;
+        else if (!strcmp(a, "--iters")) opt.iters = (int)parse_integer(a, next, 1, 100000), i++;
+        else if (!strcmp(a, "--warmup")) opt.warmup = (int)parse_integer(a, next, 0, 100000), i++;
+        else if (!strcmp(a, "--seed")) opt.seed = (unsigned long long)parse_integer(a, next, 0, LLONG_MAX), i++;
+        else if (!strcmp(a, "--causal")) opt.shape.causal = 1;
+        else if (!strcmp(a, "--check")) { /* the default: every run is checked */ }
+        else if (!strcmp(a, "--bench")) opt.bench = 1;
+        else if (!strcmp(a, "--csv") || !strcmp(a, "--load") || !strcmp(a, "--save")) {
+            if (!next) die_usage("%s needs a value", a);
+            if (!strcmp(a, "--csv")) opt.csv_path = next;
+            else if (!strcmp(a, "--load")) opt.load_dir = next;
+            else opt.save_dir = next;
+            i++;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else {
+            die_usage("unknown argument '%s'", a);
+        }
+    }
+    if (opt.csv_path && !opt.bench) die_usage("%s needs --bench (it records timings)", "--csv");
+    return opt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs: N(0, 1) by Box-Muller from a counter-based hash, so element i of a tensor is the same
+// for a given seed whatever the thread count; then rounded to fp16.
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static void fill_normal_f16(uint16_t *dst, size_t n, uint64_t seed, uint64_t tensor) {
+    const uint64_t key = splitmix64(seed ^ splitmix64(tensor));
+    OMP_PARALLEL_FOR
+    for (long long i = 0; i < (long long)n; i++) {
+        uint64_t bits = splitmix64(key + (uint64_t)i);
+        double u1 = ((double)(bits >> 40) + 1.0) / 16777217.0;         // (0, 1]
+        double u2 = (double)(bits & 0xffffffull) / 16777216.0;          // [0, 1)
+        double normal = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        dst[i] = float_to_half((float)normal);
+    }
+}
+
+static void widen(const uint16_t *src, float *dst, size_t n) {
+    OMP_PARALLEL_FOR
+    for (long long i = 0; i < (long long)n; i++) dst[i] = half_to_float(src[i]);
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", STAGE.name, bytes);
+        exit(EXIT_CHECK_FAILED);
+    }
+    return p;
+}
+
+static const char *TENSOR_NAMES[4] = {"q", "k", "v", "o"};
+
+static void load_inputs(const char *dir, attn_shape *shape, uint16_t *host[3]) {
+    int first[4];
+    for (int t = 0; t < 3; t++) {
+        char path[4096], error[4352];
+        int dims[4];
+        snprintf(path, sizeof path, "%s/%s.npy", dir, TENSOR_NAMES[t]);
+        if (npy_read_f16_4d(path, dims, &host[t], error, sizeof error) != 0) {
+            fprintf(stderr, "%s: --load: %s\n", STAGE.name, error);
+            exit(EXIT_USAGE);
+        }
+        if (t == 0) memcpy(first, dims, sizeof first);
+        else if (memcmp(first, dims, sizeof first) != 0) {
+            fprintf(stderr, "%s: --load: %s has shape [%d,%d,%d,%d] but q.npy has [%d,%d,%d,%d]\n",
+                    STAGE.name, path, dims[0], dims[1], dims[2], dims[3], first[0], first[1],
+                    first[2], first[3]);
+            exit(EXIT_USAGE);
+        }
+    }
+    if (first[0] > 65535 || first[1] > 65535 || first[3] > 1024) {
+        fprintf(stderr, "%s: --load: shape [%d,%d,%d,%d] is out of range (B, H <= 65535, D <= 1024)\n",
+                STAGE.name, first[0], first[1], first[2], first[3]);
+        exit(EXIT_USAGE);
+    }
+    shape->batch = first[0], shape->heads = first[1], shape->seq = first[2], shape->dim = first[3];
+}
+
+static void save_tensors(const char *dir, const attn_shape *s, uint16_t *const host[4]) {
+    const int dims[4] = {s->batch, s->heads, s->seq, s->dim};
+    for (int t = 0; t < 4; t++) {
+        char path[4096], error[4352];
+        snprintf(path, sizeof path, "%s/%s.npy", dir, TENSOR_NAMES[t]);
+        if (npy_write_f16_4d(path, dims, host[t], error, sizeof error) != 0) {
+            fprintf(stderr, "%s: --save: %s\n", STAGE.name, error);
+            exit(EXIT_USAGE);
+        }
+    }
+    printf("saved q.npy, k.npy, v.npy, o.npy in %s\n", dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running and timing.
+
+static void run_forward(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream) {
+    cudaError_t err = STAGE.forward(shape, t, stream);
+    if (err != cudaSuccess) {
+        fprintf(stderr, "%s: launch failed: %s\n", STAGE.name, cudaGetErrorString(err));
+        exit(EXIT_CHECK_FAILED);
+    }
+}
+
+static int compare_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    double median_us, min_us, max_us;
+    int runs;
+} timing;
+
+static timing time_forward(const options *opt, const attn_tensors *t, const struct cudaDeviceProp *prop,
+                           cudaStream_t stream) {
+    // Writing a buffer twice the L2's size before each run evicts Q, K, V and O from L2, so every
+    // run reads its inputs from HBM, as it would inside a model.
+    size_t flush_bytes = 2 * (size_t)prop->l2CacheSize;
+    void *flush;
+    CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+
+    float elapsed_ms, timed_ms = 0.0f;
+    for (int i = 0; i < opt->warmup && timed_ms < 1000.0f * TIME_BUDGET_S / 4; i++) {
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        run_forward(&opt->shape, t, stream);
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&elapsed_ms, start, stop));
+        timed_ms += elapsed_ms;
+    }
+
+    float *samples_ms = xmalloc(sizeof(float) * (size_t)opt->iters);
+    int runs = 0;
+    timed_ms = 0.0f;
+    while (runs < opt->iters && (runs < MIN_TIMED_RUNS || timed_ms < 1000.0f * TIME_BUDGET_S)) {
+        CUDA_CHECK(cudaMemsetAsync(flush, runs & 0xff, flush_bytes, stream));
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        run_forward(&opt->shape, t, stream);
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&samples_ms[runs], start, stop));
+        timed_ms += samples_ms[runs++];
+    }
+    CUDA_CHECK(cudaGetLastError());
+
+    qsort(samples_ms, (size_t)runs, sizeof(float), compare_float);
+    double median = runs % 2 ? samples_ms[runs / 2]
+                             : 0.5 * (samples_ms[runs / 2 - 1] + samples_ms[runs / 2]);
+    timing result = {1e3 * median, 1e3 * samples_ms[0], 1e3 * samples_ms[runs - 1], runs};
+    free(samples_ms);
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    CUDA_CHECK(cudaFree(flush));
+    return result;
+}
+
+// One row per measurement; the header is written when the file is new or empty. The peer script
+// (plots/sdpa_peers.py) writes the same columns.
+#define CSV_HEADER "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit\n"
+
+static void append_csv(const char *path, const char *gpu, const attn_shape *s, const timing *tm,
+                       double tflops, double gbps, double max_abs_err) {
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "%s: cannot append to %s: %s\n", STAGE.name, path, strerror(errno));
+        exit(EXIT_USAGE);
+    }
+    fseek(f, 0, SEEK_END);
+    if (ftell(f) == 0) fputs(CSV_HEADER, f);
+    const char *commit = getenv("FLASH_STAGES_COMMIT");
+    fprintf(f, "%s,%s,%d,%d,%d,%d,%d,fwd,%.3f,%.3f,%.1f,%.3e,%d,%s\n", gpu, STAGE.name, s->batch,
+            s->heads, s->seq, s->dim, s->causal, tm->median_us, tflops, gbps, max_abs_err, tm->runs,
+            commit && *commit ? commit : FLASH_STAGES_GIT_COMMIT);
+    fclose(f);
+}
+
+int main(int argc, char **argv) {
+    options opt = parse_options(argc, argv);
+    attn_shape *shape = &opt.shape;
+    uint16_t *host[4] = {NULL, NULL, NULL, NULL};  // q, k, v, o: fp16 bits
+    if (opt.load_dir) load_inputs(opt.load_dir, shape, host);
+
+    if (attn_elems(shape) > (size_t)INT_MAX) {
+        fprintf(stderr, "%s: B*H*S*D = %zu elements per tensor; at most %d are supported\n",
+                STAGE.name, attn_elems(shape), INT_MAX);
+        return EXIT_UNSUPPORTED;
+    }
+    const char *why_not = STAGE.unsupported(shape);
+    if (why_not) {
+        fprintf(stderr, "%s: unsupported shape B=%d H=%d S=%d D=%d: %s\n", STAGE.name, shape->batch,
+                shape->heads, shape->seq, shape->dim, why_not);
+        return EXIT_UNSUPPORTED;
+    }
+
+    int devices = 0;
+    cudaError_t device_err = cudaGetDeviceCount(&devices);
+    if (device_err != cudaSuccess || devices == 0) {
+        printf("SKIPPED: no CUDA device (%s)\n",
+               device_err != cudaSuccess ? cudaGetErrorString(device_err) : "none found");
+        return EXIT_NO_GPU;
+    }
+    struct cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    char gpu[sizeof prop.name];
+    snprintf(gpu, sizeof gpu, "%s", prop.name);
+    for (char *c = gpu; *c; c++)
+        if (*c == ',') *c = ' ';  // keep the CSV parseable
+    printf("%s on %s: B=%d H=%d S=%d D=%d %s\n", STAGE.name, gpu, shape->batch, shape->heads,
+           shape->seq, shape->dim, shape->causal ? "causal" : "non-causal");
+
+    const size_t n = attn_elems(shape), bytes = n * sizeof(uint16_t);
+    const size_t workspace = STAGE.workspace_bytes(shape);
+    size_t free_bytes, total_bytes;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const double need = 4.0 * bytes + workspace + 2.0 * prop.l2CacheSize;
+    if (need > 0.9 * free_bytes) {
+        fprintf(stderr, "%s: skipped: needs %.1f GiB of device memory, %.1f GiB free\n", STAGE.name,
+                need / 1073741824.0, free_bytes / 1073741824.0);
+        return EXIT_UNSUPPORTED;
+    }
+
+    if (!opt.load_dir)
+        for (int t = 0; t < 3; t++) {
+            host[t] = xmalloc(bytes);
+            fill_normal_f16(host[t], n, opt.seed, (uint64_t)t);
+        }
+    host[3] = xmalloc(bytes);
+
+    attn_tensors dev = {0};
+    void *dev_qkv[3];
+    for (int t = 0; t < 3; t++) {
+        CUDA_CHECK(cudaMalloc(&dev_qkv[t], bytes));
+        CUDA_CHECK(cudaMemcpy(dev_qkv[t], host[t], bytes, cudaMemcpyHostToDevice));
+    }
+    dev.q = dev_qkv[0], dev.k = dev_qkv[1], dev.v = dev_qkv[2];
+    CUDA_CHECK(cudaMalloc(&dev.o, bytes));
+    if (workspace) CUDA_CHECK(cudaMalloc(&dev.workspace, workspace));
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+
+    // Check: poison O, run once, compare every element it should have written.
+    CUDA_CHECK(cudaMemsetAsync(dev.o, 0xff, bytes, stream));  // every fp16 becomes HALF_POISON
+    run_forward(shape, &dev, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaMemcpy(host[3], dev.o, bytes, cudaMemcpyDeviceToHost));
+
+    float *qkv_f32[3];
+    for (int t = 0; t < 3; t++) {
+        qkv_f32[t] = xmalloc(n * sizeof(float));
+        widen(host[t], qkv_f32[t], n);
+    }
+    check_result result = check_output(shape, qkv_f32[0], qkv_f32[1], qkv_f32[2], host[3]);
+    check_print(shape, &result);
+    if (opt.save_dir) save_tensors(opt.save_dir, shape, host);
+
+    if (opt.bench && check_passed(&result)) {
+        timing tm = time_forward(&opt, &dev, &prop, stream);
+        const double seconds = tm.median_us * 1e-6;
+        const double tflops = attn_forward_flops(shape) / seconds * 1e-12;
+        // Compulsory traffic only: Q, K, V read once and O written once.
+        const double gbps = 4.0 * bytes / seconds * 1e-9;
+        printf("time: median %.1f us over %d runs (min %.1f, max %.1f): %.2f TFLOP/s, %.0f GB/s\n",
+               tm.median_us, tm.runs, tm.min_us, tm.max_us, tflops, gbps);
+        if (opt.csv_path) append_csv(opt.csv_path, gpu, shape, &tm, tflops, gbps, result.max_abs_err);
+    }
+
+    for (int t = 0; t < 3; t++) {
+        CUDA_CHECK(cudaFree(dev_qkv[t]));
+        free(qkv_f32[t]);
+    }
+    for (int t = 0; t < 4; t++) free(host[t]);
+    CUDA_CHECK(cudaFree(dev.o));
+    if (dev.workspace) CUDA_CHECK(cudaFree(dev.workspace));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    return check_passed(&result) ? 0 : EXIT_CHECK_FAILED;
+}

@@ -1,0 +1,52 @@
+// kernel_common.cuh - device helpers shared by the stages' kernels (included by .cu files only).
+#ifndef FLASH_STAGES_KERNEL_COMMON_CUH
+#define FLASH_STAGES_KERNEL_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "attn.h"
+
+// Offset of head (b, h) in a [B, H, S, D] tensor.
+__host__ __device__ inline size_t head_offset(int b, int h, int H, int S, int D) {
+    return ((size_t)b * H + h) * (size_t)S * D;
+}
+
+__host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Copy rows [row0, row0 + ROWS) of one head's [S, D] fp16 matrix into a float tile in shared
+// memory with row stride `stride` (>= D; a stride of D + 1 staggers rows across banks). Rows past
+// S are filled with zeros: the tail tile is always full, and masking decides what counts.
+template <int ROWS, int D>
+__device__ inline void load_tile_f32(float *tile, int stride, const __half *head, int row0, int S) {
+    for (int i = threadIdx.x; i < ROWS * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        tile[r * stride + d] = row0 + r < S ? __half2float(head[(size_t)(row0 + r) * D + d]) : 0.0f;
+    }
+}
+
+// q_row . k_row over D floats, both in shared memory.
+template <int D>
+__device__ inline float dot_row(const float *q_row, const float *k_row) {
+    float acc = 0.0f;
+#pragma unroll 16
+    for (int d = 0; d < D; d++) acc += q_row[d] * k_row[d];
+    return acc;
+}
+
+// A block gets 48 KB of dynamic shared memory unless the kernel's limit is raised first.
+template <typename Kernel>
+inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+// The head dims every stage supports; a stage's unsupported() returns this sentence otherwise.
+#define HEAD_DIM_SENTENCE "this stage is compiled for head dims D = 64 and 128 only"
+inline const char *unsupported_head_dim(const attn_shape *shape) {
+    return shape->dim == 64 || shape->dim == 128 ? NULL : HEAD_DIM_SENTENCE;
+}
+
+inline size_t no_workspace(const attn_shape *) { return 0; }
+
+#endif

@@ -1,0 +1,17 @@
+// omp_compat.h - OpenMP pragmas that vanish (without unknown-pragma warnings) when OpenMP is off.
+#ifndef FLASH_STAGES_OMP_COMPAT_H
+#define FLASH_STAGES_OMP_COMPAT_H
+
+#ifdef _OPENMP
+#define OMP_PARALLEL _Pragma("omp parallel")
+#define OMP_FOR_DYNAMIC _Pragma("omp for schedule(dynamic, 4)")
+#define OMP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#define OMP_CRITICAL _Pragma("omp critical")
+#else
+#define OMP_PARALLEL
+#define OMP_FOR_DYNAMIC
+#define OMP_PARALLEL_FOR
+#define OMP_CRITICAL
+#endif
+
+#endif

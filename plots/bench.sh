@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU, then the PyTorch SDPA
+# peers, write plots/data/<gpu>.csv and render the charts. Run it through
+# `cmake --workflow --preset bench` (README), which builds first and sets FLASH_STAGES_BIN.
+#
+# Each measurement is checked against the float64 reference before it is timed; a stage that
+# cannot run a shape (memory, or unsupported) says so and the sweep goes on. Exit status is
+# non-zero if any check failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source plots/gpu_slug.sh
+
+bin=${FLASH_STAGES_BIN:-build/bin}
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || { echo "usage: FLASH_STAGES_BIN=build/bin $0 STAGE..." >&2; exit 2; }
+
+if ! gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) ||
+    [ -z "$gpu_name" ]; then
+    echo "bench: no NVIDIA GPU found (nvidia-smi failed); the benchmark needs one." >&2
+    echo "bench: the charts can still be rendered from the committed CSVs: cmake --build build --target plots" >&2
+    exit 1
+fi
+slug=$(gpu_slug "$gpu_name")
+out=plots/data/$slug.csv
+tmp=$(mktemp "${TMPDIR:-/tmp}/bench.XXXXXX.csv")
+export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+
+mapfile -t shapes < <(grep -v '^#' plots/shapes.txt | grep -v '^ *$')
+total=$((${#stages[@]} * ${#shapes[@]}))
+echo "bench: $gpu_name, ${#stages[@]} stages x ${#shapes[@]} shapes, commit $FLASH_STAGES_COMMIT -> $out"
+n=0 failures=0 start=$SECONDS
+for stage in "${stages[@]}"; do
+    for shape in "${shapes[@]}"; do
+        read -r B H S D causal <<<"$shape"
+        n=$((n + 1))
+        flags=(--batch "$B" --heads "$H" --seq "$S" --dim "$D" --bench --csv "$tmp")
+        [ "$causal" = 1 ] && flags+=(--causal)
+        label=$(printf '[%3d/%d %4ds] %-18s B=%-2s H=%-2s S=%-5s D=%-3s %-10s' "$n" "$total" \
+            $((SECONDS - start)) "$stage" "$B" "$H" "$S" "$D" "$([ "$causal" = 1 ] && echo causal || echo non-causal)")
+        log=$("$bin/$stage" "${flags[@]}" 2>&1)
+        status=$?
+        case $status in
+        0) echo "$label $(grep '^time:' <<<"$log" | sed 's/^time: //')" ;;
+        3) echo "$label skipped: $(tail -n 1 <<<"$log" | sed "s/^$stage: //")" ;;
+        *) echo "$label FAILED (exit $status):"; sed 's/^/    /' <<<"$log"; failures=$((failures + 1)) ;;
+        esac
+    done
+done
+
+echo "bench: PyTorch SDPA peers on the same shapes"
+python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
+
+mkdir -p plots/data
+mv "$tmp" "$out"
+echo "bench: wrote $out ($(($(wc -l <"$out") - 1)) rows) in $((SECONDS - start)) s"
+if command -v gnuplot >/dev/null; then
+    bash plots/render.sh
+else
+    echo "bench: gnuplot not found here; render the charts where it is: cmake --build build --target plots"
+fi
+[ $failures -eq 0 ] || { echo "bench: $failures measurement(s) FAILED" >&2; exit 1; }

@@ -1,0 +1,48 @@
+# prepare.awk - split one benchmark CSV into the small tables plots/charts.gp draws.
+# usage: awk -v dir=DIR -f prepare.awk plots/data/<gpu>.csv
+# Writes, for the forward rows:
+#   DIR/stages.txt                stage names in course order (stage rows), then the SDPA peers
+#   DIR/seq_<name>_D<d>_c<c>.dat  "S TFLOP/s" on the sweep (B*S = 16384, H*D = 2048)
+#   DIR/prog_D<d>.dat             "index label TFLOP/s(non-causal) TFLOP/s(causal) TFLOP/s(small)" at S = 4096
+#   DIR/speedup.dat               "index label" then speedup over stage 01 for D64, D64c, D128, D128c
+#   DIR/peers.gp                  gnuplot variables: peer TFLOP/s at S = 4096 per D and causal
+BEGIN { FS = ","; }
+NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+$col["direction"] == "fwd" {
+    name = $col["stage"]; S = $col["seq"] + 0; D = $col["dim"] + 0; c = $col["causal"] + 0
+    B = $col["batch"] + 0; H = $col["heads"] + 0; tf = $col["tflops"] + 0
+    if (!(name in seen)) { seen[name] = 1; if (name ~ /^sdpa_/) peers[++np] = name; else stages[++ns] = name }
+    if (B * S == 16384 && H * D == 2048) {
+        file = dir "/seq_" name "_D" D "_c" c ".dat"
+        print S, tf >> file
+        if (S == 4096) at4096[name, D, c] = tf
+    } else if (B == 1 && H == 8 && S == 512 && D == 64 && c == 0) {
+        small[name] = tf
+    }
+}
+function val(x) { return x == "" ? "NaN" : x }
+END {
+    for (i = 1; i <= ns; i++) print stages[i] > (dir "/stages.txt")
+    for (i = 1; i <= np; i++) print peers[i] > (dir "/peers.txt")
+    for (d = 64; d <= 128; d += 64) {
+        file = dir "/prog_D" d ".dat"
+        for (i = 1; i <= ns; i++) {
+            n = stages[i]
+            print i - 1, n, val(at4096[n, d, 0]), val(at4096[n, d, 1]), (d == 64 ? val(small[n]) : "NaN") > file
+        }
+    }
+    base = stages[1]
+    for (i = 1; i <= ns; i++) {
+        n = stages[i]; line = (i - 1) " " n
+        for (d = 64; d <= 128; d += 64)
+            for (c = 0; c <= 1; c++) {
+                b = at4096[base, d, c]; x = at4096[n, d, c]
+                line = line " " ((b != "" && x != "") ? x / b : "NaN")
+            }
+        print line > (dir "/speedup.dat")
+    }
+    for (i = 1; i <= np; i++)
+        for (d = 64; d <= 128; d += 64)
+            for (c = 0; c <= 1; c++)
+                printf "%s_D%d_c%d = %s\n", peers[i], d, c, val(at4096[peers[i], d, c]) > (dir "/peers.gp")
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# readme_table.sh --update | --check - the measured tables in README.md and in each stage's lesson
+# are generated from plots/data/h100.csv, between <!-- measured:KEY:begin --> and
+# <!-- measured:KEY:end --> markers; KEY is "course" in README.md and the stage name in a lesson.
+# --update rewrites them; --check fails if any differs from what the CSV gives (a CTest test, so
+# a table can never drift from the committed data).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?usage: readme_table.sh --update|--check}
+csv=plots/data/h100.csv
+
+# The course table: each stage and peer at S = 4096 on the sweep, plus the small shape.
+course_table() {
+    [ -f "$csv" ] || { echo "_No H100 measurements committed yet (plots/data/h100.csv)._"; return; }
+    awk -F, '
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $col["direction"] == "fwd" {
+        n = $col["stage"]; S = $col["seq"]; D = $col["dim"]; c = $col["causal"]; B = $col["batch"]; H = $col["heads"]
+        if (!(n in seen)) { seen[n] = 1; order[++k] = n }
+        if (B * S == 16384 && H * D == 2048 && S == 4096) tf[n, D, c] = sprintf("%.1f", $col["tflops"])
+        if (B == 1 && H == 8 && S == 512 && D == 64 && c == 0) small[n] = sprintf("%.1f", $col["median_us"])
+        gpu = $col["gpu"]; commit[$col["commit"]] = 1
+    }
+    function v(x) { return x == "" ? "-" : x }
+    END {
+        print "Forward TFLOP/s at S = 4096 (B = 4, H*D = 2048) and latency of the small shape, " gpu ","
+        cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
+        print "from `plots/data/h100.csv` (commit " cs "):"
+        print ""
+        print "| stage | D=64 | D=64 causal | D=128 | D=128 causal | B=1 H=8 S=512 D=64 (us) |"
+        print "|---|---:|---:|---:|---:|---:|"
+        for (i = 1; i <= k; i++) { n = order[i]
+            printf "| %s | %s | %s | %s | %s | %s |\n", n, v(tf[n,64,0]), v(tf[n,64,1]), v(tf[n,128,0]), v(tf[n,128,1]), v(small[n]) }
+    }' "$csv"
+}
+
+# A stage's table: its TFLOP/s over the whole sweep, with the flash backend beside it.
+stage_table() {
+    local stage=$1
+    [ -f "$csv" ] || { echo "_No H100 measurements committed yet (plots/data/h100.csv)._"; return; }
+    awk -F, -v stage="$stage" '
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $col["direction"] == "fwd" && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 {
+        n = $col["stage"]; S = $col["seq"]; D = $col["dim"]; c = $col["causal"]
+        if (n == stage || n == "sdpa_flash") { tf[n, S, D, c] = sprintf("%.2f", $col["tflops"]); seqs[S] = 1 }
+    }
+    function v(x) { return x == "" ? "skipped" : x }
+    END {
+        print "Forward TFLOP/s on the H100 (B*S = 16384, H*D = 2048), from `plots/data/h100.csv`; in brackets PyTorch SDPA flash:"
+        print ""
+        print "| S | D=64 | D=64 causal | D=128 | D=128 causal |"
+        print "|---:|---:|---:|---:|---:|"
+        for (S = 512; S <= 16384; S *= 2) if (S in seqs) {
+            line = "| " S
+            for (D = 64; D <= 128; D += 64) for (c = 0; c <= 1; c++)
+                line = line " | " v(tf[stage, S, D, c]) " (" v(tf["sdpa_flash", S, D, c]) ")"
+            print line " |"
+        }
+    }' "$csv"
+}
+
+# Replace the block KEY in FILE with stdin; print the new file to stdout.
+replace_block() {
+    local file=$1 key=$2 body
+    body=$(cat)
+    awk -v key="$key" -v body="$body" '
+        $0 == "<!-- measured:" key ":begin -->" { print; print body; skipping = 1; next }
+        $0 == "<!-- measured:" key ":end -->" { skipping = 0 }
+        !skipping { print }' "$file"
+}
+
+status=0
+process() {  # process FILE KEY (table on stdin)
+    local file=$1 key=$2 new
+    grep -qF "<!-- measured:$key:begin -->" "$file" || return 0
+    new=$(replace_block "$file" "$key")
+    if [ "$mode" = --update ]; then
+        printf '%s\n' "$new" >"$file"
+    elif [ "$new" != "$(cat "$file")" ]; then
+        echo "readme_table: the measured table '$key' in $file differs from $csv; run plots/readme_table.sh --update" >&2
+        status=1
+    fi
+}
+course_table | process README.md course
+for lesson in stages/*/README.md; do
+    stage=$(basename "$(dirname "$lesson")")
+    stage_table "$stage" | process "$lesson" "$stage"
+done
+[ "$mode" = --check ] && [ $status = 0 ] && echo "readme_table: README and lesson tables match $csv"
+exit $status

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# render.sh [--check OUTDIR] - draw the charts of every plots/data/<gpu>.csv with gnuplot.
+# Default: into plots/<gpu>_*.png, and refresh the measured table in README.md from h100.csv.
+# --check OUTDIR: draw into OUTDIR only and fail unless every chart came out (a CTest test).
+# Needs gnuplot, not a GPU. Exit 77 (CTest's skip) when gnuplot is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+outdir=plots check=0
+if [ "${1:-}" = "--check" ]; then check=1 outdir=${2:?usage: render.sh --check OUTDIR}; fi
+command -v gnuplot >/dev/null || { echo "render: gnuplot not found; skipped"; exit 77; }
+mkdir -p "$outdir"
+shopt -s nullglob
+csvs=(plots/data/*.csv)
+[ ${#csvs[@]} -gt 0 ] || { echo "render: no CSV in plots/data" >&2; exit 1; }
+for csv in "${csvs[@]}"; do
+    slug=$(basename "$csv" .csv)
+    tables=$(mktemp -d)
+    awk -v dir="$tables" -f plots/prepare.awk "$csv"
+    gpu=$(awk -F, 'NR == 2 { print $1 }' "$csv")
+    gnuplot -e "dir='$tables'; out='$outdir/$slug'; gpu='$gpu'" plots/charts.gp
+    rm -r "$tables"
+    for chart in progression seqlen speedup; do
+        [ -s "$outdir/${slug}_$chart.png" ] || { echo "render: $outdir/${slug}_$chart.png missing" >&2; exit 1; }
+        echo "render: $outdir/${slug}_$chart.png"
+    done
+done
+[ $check = 1 ] || bash plots/readme_table.sh --update

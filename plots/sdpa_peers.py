@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Measure PyTorch's scaled_dot_product_attention backends on the benchmark shapes.
+
+Same rules as the stages' harness (common/harness.c): random N(0,1) fp16 inputs, a check against
+float64 before timing, CUDA events, warm-up, the median of many runs, L2 flushed before each run,
+and one CSV row per measurement in the same columns. Backends that cannot run a shape are
+reported and skipped. Where PyTorch or a GPU is missing, says so and exits 0.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
+WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS = 3, 30, 5, 4000.0
+ATOL = RTOL = 4e-3  # the harness's bound (common/check.h)
+
+
+def read_shapes(path):
+    with open(path) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                yield tuple(int(x) for x in line.split())
+
+
+def check_error(q, k, v, out, causal):
+    """Max abs error of head (0, 0), every row, against float64 attention."""
+    import torch
+    qd, kd, vd = (t[0, 0].double() for t in (q, k, v))
+    scores = (qd @ kd.T) / (q.shape[-1] ** 0.5)
+    if causal:
+        s = scores.shape[0]
+        scores.masked_fill_(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    ref = torch.softmax(scores, dim=-1) @ vd
+    got = out[0, 0].double()
+    if not torch.isfinite(out).all():
+        return float("inf"), False
+    err = (got - ref).abs()
+    return err.max().item(), bool((err <= ATOL + RTOL * ref.abs()).all())
+
+
+def time_backend(fn, flush):
+    import torch
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(WARMUP):
+        fn()
+    torch.cuda.synchronize()
+    samples, total = [], 0.0
+    while len(samples) < ITERS and (len(samples) < MIN_RUNS or total < TIME_BUDGET_MS):
+        flush.fill_(len(samples) & 0xFF)  # evict Q, K, V, O from L2
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop))
+        total += samples[-1]
+    return statistics.median(samples) * 1e3, len(samples)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--csv", required=True, help="CSV file to append rows to")
+    parser.add_argument("--shapes", default=os.path.join(os.path.dirname(__file__), "shapes.txt"))
+    args = parser.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        print(f"sdpa_peers: PyTorch not available ({e}); no peer rows written")
+        return 0
+    if not torch.cuda.is_available():
+        print("sdpa_peers: no CUDA device visible to PyTorch; no peer rows written")
+        return 0
+
+    props = torch.cuda.get_device_properties(0)
+    gpu = props.name.replace(",", " ")
+    commit = os.environ.get("FLASH_STAGES_COMMIT", "unknown")
+    flush = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device="cuda")
+    backends = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    print(f"sdpa_peers: PyTorch {torch.__version__}, {gpu}")
+
+    new_file = not os.path.exists(args.csv) or os.path.getsize(args.csv) == 0
+    failures = 0
+    with open(args.csv, "a") as csv:
+        if new_file:
+            csv.write(COLUMNS + "\n")
+        for B, H, S, D, causal in read_shapes(args.shapes):
+            gen = torch.Generator(device="cuda").manual_seed(S * 1000 + D * 10 + causal)
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=gen)
+                       for _ in range(3))
+            for name, backend in backends:
+                label = f"{name:<15} B={B:<2} H={H:<2} S={S:<5} D={D:<3} {'causal' if causal else 'non-causal':<10}"
+
+                def run():
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+
+                try:
+                    out = run()
+                    torch.cuda.synchronize()
+                except RuntimeError as e:
+                    print(f"{label} skipped: {str(e).splitlines()[0][:100]}")
+                    continue
+                max_err, ok = check_error(q, k, v, out, causal)
+                if not ok:
+                    print(f"{label} FAILED check: max abs err {max_err:.3e}")
+                    failures += 1
+                    continue
+                median_us, runs = time_backend(run, flush)
+                flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+                tflops = flops / (median_us * 1e-6) * 1e-12
+                gbps = 4 * B * H * S * D * 2 / (median_us * 1e-6) * 1e-9
+                print(f"{label} median {median_us:.1f} us over {runs} runs: {tflops:.2f} TFLOP/s")
+                csv.write(f"{gpu},{name},{B},{H},{S},{D},{causal},fwd,{median_us:.3f},{tflops:.3f},"
+                          f"{gbps:.1f},{max_err:.3e},{runs},{commit}\n")
+                csv.flush()
+            del q, k, v
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# gpu_session.sh [quick|full] - what one call on a lent GPU machine runs: build for the local GPU,
+# every CTest test, compute-sanitizer memcheck and racecheck on a small odd causal shape per stage,
+# then the benchmark (quick: S = 4096 only; full: plots/bench.sh over every shape). Logs go to
+# $OUT (or ./gpu_out), so they come back even when a step fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-quick}
+out=${OUT:-gpu_out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
+nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
+
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native >"$out/build.log" 2>&1 &&
+    cmake --build build-gpu -j 16 >>"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
+stages=$(ls build-gpu/bin)
+
+ctest --test-dir build-gpu -j 8 --output-on-failure >"$out/ctest.log" 2>&1
+grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tail -n 20
+
+: >"$out/sanitizer.log"
+for stage in $stages; do
+    for tool in memcheck racecheck; do
+        echo "== $stage $tool (B=2 H=3 S=77 D=64 causal)" >>"$out/sanitizer.log"
+        compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/bin/$stage \
+            --batch 2 --heads 3 --seq 77 --dim 64 --causal >>"$out/sanitizer.log" 2>&1
+        echo "exit $?" >>"$out/sanitizer.log"
+    done
+done
+grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|^exit" "$out/sanitizer.log" | paste - - - | sed 's/=========//g'
+
+export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-unknown}
+if [ "$mode" = full ]; then
+    FLASH_STAGES_BIN=build-gpu/bin bash plots/bench.sh $stages 2>&1 | tee "$out/bench.log"
+    cp plots/data/*.csv "$out/"
+else
+    for stage in $stages; do
+        for shape in "4 32 4096 64" "4 16 4096 128"; do
+            read -r B H S D <<<"$shape"
+            build-gpu/bin/$stage --batch $B --heads $H --seq $S --dim $D --bench --iters 10 | grep -E "^time|FAIL"
+        done
+    done 2>&1 | tee "$out/quick.log"
+fi

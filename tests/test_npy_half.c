@@ -1,0 +1,56 @@
+// test_npy_half.c - fp16 conversions against known bit patterns, and a .npy round trip.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "half.h"
+#include "npy.h"
+#include "test_util.h"
+
+int main(int argc, char **argv) {
+    // exact: the float is a half value, so half_to_float must give it back too.
+    struct { float f; uint16_t h; int exact; } known[] = {
+        {0.0f, 0x0000, 1}, {-0.0f, 0x8000, 1}, {1.0f, 0x3c00, 1}, {-2.0f, 0xc000, 1},
+        {65504.0f, 0x7bff, 1}, {5.9604645e-8f, 0x0001, 1} /* smallest subnormal */,
+        {6.1035156e-5f, 0x0400, 1} /* smallest normal */, {INFINITY, 0x7c00, 1},
+        {-INFINITY, 0xfc00, 1}, {0.1f, 0x2e66, 0}, {1.0f + 1.0f / 2048, 0x3c00, 0} /* tie: even */,
+        {1.0f + 3.0f / 2048, 0x3c02, 0} /* tie: even */, {70000.0f, 0x7c00, 0} /* overflow */,
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        EXPECT(float_to_half(known[i].f) == known[i].h, "float_to_half(%g) = 0x%04x, want 0x%04x",
+               known[i].f, float_to_half(known[i].f), known[i].h);
+        if (known[i].exact)
+            EXPECT(half_to_float(known[i].h) == known[i].f, "half_to_float(0x%04x) = %g", known[i].h,
+                   half_to_float(known[i].h));
+    }
+    EXPECT(isnan(half_to_float(HALF_POISON)), "the poison must read as NaN");
+    // Every finite half survives half -> float -> half.
+    for (uint32_t h = 0; h < 0x10000; h++)
+        if ((h & 0x7c00) != 0x7c00)
+            EXPECT(float_to_half(half_to_float((uint16_t)h)) == h, "round trip of 0x%04x", h);
+
+    const char *dir = argc > 1 ? argv[1] : ".";
+    char path[4096], error[4352];
+    snprintf(path, sizeof path, "%s/test_npy_half.npy", dir);
+    int shape[4] = {2, 3, 5, 7}, back[4];
+    uint16_t data[2 * 3 * 5 * 7], *loaded;
+    for (int i = 0; i < 210; i++) data[i] = float_to_half((float)i - 100.5f);
+    EXPECT(npy_write_f16_4d(path, shape, data, error, sizeof error) == 0, "write: %s", error);
+    EXPECT(npy_read_f16_4d(path, back, &loaded, error, sizeof error) == 0, "read: %s", error);
+    if (loaded) {
+        EXPECT(memcmp(shape, back, sizeof shape) == 0, "shape round trip");
+        EXPECT(memcmp(data, loaded, sizeof data) == 0, "data round trip");
+        free(loaded);
+    }
+    // The header ends on a 64-byte boundary, as numpy writes it.
+    FILE *f = fopen(path, "rb");
+    unsigned char pre[10];
+    EXPECT(f && fread(pre, 1, 10, f) == 10, "reopen");
+    if (f) fclose(f);
+    EXPECT((10 + (pre[8] | pre[9] << 8)) % 64 == 0, "header alignment");
+
+    snprintf(path, sizeof path, "%s/does_not_exist.npy", dir);
+    EXPECT(npy_read_f16_4d(path, back, &loaded, error, sizeof error) != 0, "a missing file must fail");
+    return test_summary("test_npy_half");
+}
