@@ -30,7 +30,7 @@ enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU 
 
 // Timing stops early once this many seconds have been timed and at least MIN_TIMED_RUNS ran, so
 // the slow early stages finish the benchmark sweep in minutes; the CSV records the run count.
-#define TIME_BUDGET_S 4.0
+#define TIME_BUDGET_S 2.0
 #define MIN_TIMED_RUNS 5
 
 typedef struct {

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# gpu_session.sh [quick|full] - what one call on a lent GPU machine runs: build for the local GPU,
-# every CTest test, compute-sanitizer memcheck and racecheck on a small odd causal shape per stage,
-# then the benchmark (quick: S = 4096 only; full: plots/bench.sh over every shape). Logs go to
-# $OUT (or ./gpu_out), so they come back even when a step fails.
+# gpu_session.sh [test|quick|bench|all] - what one call on a lent GPU machine runs: build for the
+# local GPU, then
+#   test:  every CTest test, and compute-sanitizer memcheck and racecheck on a small odd causal
+#          shape per stage;
+#   quick: test, plus each stage timed at S = 4096;
+#   bench: plots/bench.sh over every shape (writes plots/data/<gpu>.csv);
+#   all:   test and bench.
+# Logs go to $OUT (or ./gpu_out), so they come back even when a step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-mode=${1:-quick}
+mode=${1:-test}
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
@@ -15,6 +19,7 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=na
     cmake --build build-gpu -j 16 >>"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
 stages=$(ls build-gpu/bin)
 
+run_tests() {
 ctest --test-dir build-gpu -j 8 --output-on-failure >"$out/ctest.log" 2>&1
 grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tail -n 20
 
@@ -28,12 +33,14 @@ for stage in $stages; do
     done
 done
 grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|^exit" "$out/sanitizer.log" | paste - - - | sed 's/=========//g'
+}
+[ "$mode" = bench ] || run_tests
 
 export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-unknown}
-if [ "$mode" = full ]; then
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
     FLASH_STAGES_BIN=build-gpu/bin bash plots/bench.sh $stages 2>&1 | tee "$out/bench.log"
     cp plots/data/*.csv "$out/"
-else
+elif [ "$mode" = quick ]; then
     for stage in $stages; do
         for shape in "4 32 4096 64" "4 16 4096 128"; do
             read -r B H S D <<<"$shape"
