@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU, then the PyTorch SDPA
-# peers, write plots/data/<gpu>.csv and render the charts. Run it through
+# peers and the GPU's ceilings, write plots/data/<gpu>.csv and <gpu>_ceilings.csv, and render the charts. Run it through
 # `cmake --workflow --preset bench` (README), which builds first and sets FLASH_STAGES_BIN.
 #
 # Each measurement is checked against the float64 reference before it is timed; a stage that
@@ -49,9 +49,13 @@ done
 
 echo "bench: PyTorch SDPA peers on the same shapes"
 python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
+echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"
+ceilings_tmp=$(mktemp "${TMPDIR:-/tmp}/ceilings.XXXXXX.csv")
+python3 plots/ceilings.py --csv "$ceilings_tmp" || failures=$((failures + 1))
 
 mkdir -p plots/data
 mv "$tmp" "$out"
+[ -s "$ceilings_tmp" ] && mv "$ceilings_tmp" "plots/data/${slug}_ceilings.csv"
 echo "bench: wrote $out ($(($(wc -l <"$out") - 1)) rows) in $((SECONDS - start)) s"
 if command -v gnuplot >/dev/null; then
     bash plots/render.sh

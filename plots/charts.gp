@@ -9,12 +9,15 @@ stages = system("cat " . dir . "/stages.txt")
 peers = system("cat " . dir . "/peers.txt 2>/dev/null")
 load dir . "/peers.gp"
 peer_value(p, d, c) = value(sprintf("%s_D%d_c%d", p, d, c))
+peer_colors = "#d62728 #2ca02c #9467bd #8c564b"
 
 # 1. Each stage's TFLOP/s at S = 4096, log scale, with the PyTorch backends as dashed lines.
 set output out . "_progression.png"
 set multiplot layout 1,2 title "Forward TFLOP/s per stage at S = 4096 (B*S = 16384, H*D = 2048), " . gpu
 set logscale y
+set yrange [0.1:1000]
 set ylabel "TFLOP/s (log scale)"
+set key inside bottom right
 set xtics rotate by -30
 set xrange [-0.5:words(stages) - 0.5]
 do for [d in "64 128"] {
@@ -26,19 +29,26 @@ do for [d in "64 128"] {
         i = i + 1
         v = peer_value(p, int(d), 0)
         if (v == v) {
-            set arrow from graph 0, first v to graph 1, first v nohead dt 2 lc i + 5
-            set label p . sprintf(" %.0f", v) at graph 0.02, first v * 1.12 tc lc i + 5 font ",9"
+            set arrow from graph 0, first v to graph 1, first v nohead dt 2 lw 1.5 lc rgb word(peer_colors, i)
+            set label p . sprintf(" %.0f (non-causal)", v) at graph 0.02, first v * 1.12 tc rgb word(peer_colors, i) font ",9"
         }
     }
-    plot dir . "/prog_D" . d . ".dat" using 1:3:xtic(2) with linespoints lw 2 pt 7 title "non-causal", \
-         "" using 1:4 with linespoints lw 2 pt 5 title "causal", \
-         (d eq "64" ? dir . "/prog_D64.dat" : "") using 1:5 with linespoints lw 2 pt 9 title "small: B=1 H=8 S=512"
+    file = dir . "/prog_D" . d . ".dat"
+    if (d eq "64") {
+        plot file using 1:3:xtic(2) with linespoints lw 2 pt 7 title "non-causal", \
+             "" using 1:4 with linespoints lw 2 pt 5 title "causal", \
+             "" using 1:5 with linespoints lw 2 pt 9 title "small: B=1 H=8 S=512"
+    } else {
+        plot file using 1:3:xtic(2) with linespoints lw 2 pt 7 title "non-causal", \
+             "" using 1:4 with linespoints lw 2 pt 5 title "causal"
+    }
 }
 unset multiplot
 unset arrow
 unset label
 unset xrange
 set xtics norotate
+set key outside right top
 
 # 2. TFLOP/s against sequence length, one line per stage; peers dashed.
 set output out . "_seqlen.png"
@@ -58,7 +68,8 @@ unset xlabel
 
 # 3. Speedup over stage 01 at S = 4096.
 set output out . "_speedup.png"
-set terminal pngcairo size 1000,600
+set terminal pngcairo size 1000,600 font "Sans,11" noenhanced
+set yrange [0.5:*]
 set title "Speedup over stage 01 at S = 4096 (B*S = 16384, H*D = 2048), " . gpu
 set ylabel "speedup over stage 01 (log scale)"
 set style data histogram

@@ -59,6 +59,21 @@ stage_table() {
     }' "$csv"
 }
 
+# The GPU's measured ceilings (plots/ceilings.py).
+ceilings_table() {
+    local file=plots/data/h100_ceilings.csv
+    [ -f "$file" ] || { echo "_No H100 ceilings committed yet ($file)._"; return; }
+    awk -F, 'NR == 1 { next }
+    { gpu = $1; name[NR] = $2; value[NR] = $3; unit[NR] = $4; commit = $5 }
+    END {
+        print "Measured on the " gpu " by `plots/ceilings.py` (commit " commit "), from `" FILENAME "`:"
+        print ""
+        print "| ceiling | value |"
+        print "|---|---:|"
+        for (i = 2; i <= NR; i++) printf "| %s | %s %s |\n", name[i], value[i], unit[i]
+    }' "$file"
+}
+
 # Replace the block KEY in FILE with stdin; print the new file to stdout.
 replace_block() {
     local file=$1 key=$2 body
@@ -82,6 +97,7 @@ process() {  # process FILE KEY (table on stdin)
     fi
 }
 course_table | process README.md course
+ceilings_table | process docs/h100.md ceilings
 for lesson in stages/*/README.md; do
     stage=$(basename "$(dirname "$lesson")")
     stage_table "$stage" | process "$lesson" "$stage"

@@ -61,6 +61,23 @@ int main(void) {
     EXPECT(!check_passed(&r) && r.over_tolerance == 1 && r.first_bad == victim, "error 0.05 must fail");
     out[victim] = saved;
 
+    // A whole row off by 2%: every element is inside the element bound (|O| < 0.2 here), but the
+    // row's relative L2 error is 0.02, over the row bound.
+    {
+        size_t row = ((size_t)(0 * 3 + 2) * 37 + 20) * 64;
+        uint16_t keep[64];
+        for (int d = 0; d < 64; d++) {
+            keep[d] = out[row + d];
+            out[row + d] = float_to_half(half_to_float(out[row + d]) * 1.02f);
+        }
+        r = run(&s, q, k, v, out);
+        EXPECT(!check_passed(&r) && r.over_tolerance == 0 && r.rows_over_rel_l2 == 1 &&
+                   r.first_bad == row,
+               "a row 2%% off must fail the row bound only (over %zu, rows %zu)", r.over_tolerance,
+               r.rows_over_rel_l2);
+        for (int d = 0; d < 64; d++) out[row + d] = keep[d];
+    }
+
     // A causal kernel that forgot the mask on one row: row 3 of head (1, 1) averaged all keys.
     attn_shape open = s;
     open.causal = 0;
