@@ -25,6 +25,20 @@ __device__ inline void load_tile_f32(float *tile, int stride, const __half *head
     }
 }
 
+// Copy rows [row0, row0 + ROWS) of one head's [S, D] fp16 matrix into an fp16 tile in shared
+// memory (row stride `stride` halves, a multiple of 8), 16 bytes per thread per step; rows past S
+// are zero-filled. The tensor-core stages keep their tiles in fp16, the format WMMA reads.
+template <int ROWS, int D>
+__device__ inline void load_tile_f16(__half *tile, int stride, const __half *head, int row0, int S) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += blockDim.x) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        uint4 chunk = make_uint4(0, 0, 0, 0);
+        if (row0 + r < S) chunk = *reinterpret_cast<const uint4 *>(head + (size_t)(row0 + r) * D + c * 8);
+        *reinterpret_cast<uint4 *>(tile + r * stride + c * 8) = chunk;
+    }
+}
+
 // q_row . k_row over D floats, both in shared memory.
 template <int D>
 __device__ inline float dot_row(const float *q_row, const float *k_row) {

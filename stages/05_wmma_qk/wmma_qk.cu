@@ -1,0 +1,160 @@
+// Stage 05 - tensor cores for S = Q K^T through the WMMA API; P V still scalar.
+//
+// The idea: QK^T is a matrix product, and the tensor cores do 16x16x16 fp16 products with fp32
+// accumulation far faster than the CUDA cores. nvcuda::wmma exposes them per warp: a warp loads
+// 16x16 "fragments" of A and B from shared memory, mma_sync() multiplies them, store_matrix_sync()
+// writes the fp32 result back. K is read as a column-major B operand, which is exactly K^T: no
+// transposed copy is made.
+// What changed from stage 04: WMMA works per warp on 16-row slabs, so the block becomes 4 warps
+// that each own 16 of the BLOCK_ROWS = 64 query rows, and a K/V tile grows to 64 keys. Q, K, V are
+// kept in shared memory as fp16 (what WMMA reads); the score tile goes to shared memory as fp32,
+// where two lanes per row run stage 04's online softmax. The per-row state (max, sum, O
+// accumulator) stays in shared memory, as in stage 04.
+// Limits: P V is still scalar: 16 rows x D columns x 64 keys of fp32 FMAs per warp per tile, two
+// shared-memory loads each. Stage 06 puts P V on the tensor cores too.
+#include <math.h>
+#include <mma.h>
+
+#include "kernel_common.cuh"
+
+using namespace nvcuda;
+
+#define BLOCK_ROWS 64  // query rows per block
+#define KEY_TILE 64    // keys per shared-memory tile
+#define WARPS 4        // warp w owns query rows [16w, 16w + 16)
+#define THREADS (32 * WARPS)
+
+// Shared-memory row strides. WMMA needs 32-byte aligned fragment pointers and a stride that is a
+// multiple of 8 halves or 4 floats; the extra 8 halves / 4 floats stagger rows across banks.
+template <int D> struct Layout {
+    static constexpr int LD_HALF = D + 8;              // q_tile, k_tile, v_tile
+    static constexpr int LD_SCORE = KEY_TILE + 4;      // s_tile
+    static constexpr int LD_O = D + 1;                 // o_tile (scalar access only)
+    static constexpr size_t bytes = sizeof(__half) * (BLOCK_ROWS + 2 * KEY_TILE) * LD_HALF +
+                                    sizeof(float) * (BLOCK_ROWS * LD_SCORE + BLOCK_ROWS * LD_O + 2 * BLOCK_ROWS);
+};
+
+template <int D>
+__global__ void __launch_bounds__(THREADS)
+wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int S, float scale,
+               int causal) {
+    using L = Layout<D>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *q_tile = (__half *)smem;                      // [BLOCK_ROWS][LD_HALF]
+    __half *k_tile = q_tile + BLOCK_ROWS * L::LD_HALF;    // [KEY_TILE][LD_HALF]
+    __half *v_tile = k_tile + KEY_TILE * L::LD_HALF;      // [KEY_TILE][LD_HALF]
+    float *s_tile = (float *)(v_tile + KEY_TILE * L::LD_HALF);  // [BLOCK_ROWS][LD_SCORE]: S, then P
+    float *o_tile = s_tile + BLOCK_ROWS * L::LD_SCORE;    // [BLOCK_ROWS][LD_O]: O accumulator
+    float *max_tile = o_tile + BLOCK_ROWS * L::LD_O;      // [BLOCK_ROWS]: row max
+    float *sum_tile = max_tile + BLOCK_ROWS;              // [BLOCK_ROWS]: row sum
+
+    const size_t head = head_offset(blockIdx.z, blockIdx.y, gridDim.y, S, D);
+    const int q0 = blockIdx.x * BLOCK_ROWS;
+    const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // In the softmax and P V, lanes 2r and 2r+1 of warp w share row 16w + r.
+    const int my_row = warp * 16 + lane / 2, half = lane % 2;
+    const int query = q0 + my_row;
+
+    load_tile_f16<BLOCK_ROWS, D>(q_tile, L::LD_HALF, q + head, q0, S);
+    for (int i = threadIdx.x; i < BLOCK_ROWS * L::LD_O; i += THREADS) o_tile[i] = 0.0f;
+    if (threadIdx.x < BLOCK_ROWS) max_tile[threadIdx.x] = -INFINITY, sum_tile[threadIdx.x] = 0.0f;
+
+    for (int k0 = 0; k0 < kv_end; k0 += KEY_TILE) {
+        __syncthreads();  // everyone is done with the previous tile (and Q and the state are set)
+        load_tile_f16<KEY_TILE, D>(k_tile, L::LD_HALF, k + head, k0, S);
+        load_tile_f16<KEY_TILE, D>(v_tile, L::LD_HALF, v + head, k0, S);
+        __syncthreads();
+
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys: 4 accumulator fragments.
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag[KEY_TILE / 16];
+#pragma unroll
+        for (int n = 0; n < KEY_TILE / 16; n++) wmma::fill_fragment(s_frag[n], 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < D; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> q_frag;
+            wmma::load_matrix_sync(q_frag, q_tile + warp * 16 * L::LD_HALF + kk, L::LD_HALF);
+#pragma unroll
+            for (int n = 0; n < KEY_TILE / 16; n++) {
+                // Element (kk', n') of the column-major B sits at n' * LD_HALF + kk': that is
+                // K[n'][kk'], so B = K^T straight from K's rows.
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> k_frag;
+                wmma::load_matrix_sync(k_frag, k_tile + n * 16 * L::LD_HALF + kk, L::LD_HALF);
+                wmma::mma_sync(s_frag[n], q_frag, k_frag, s_frag[n]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < KEY_TILE / 16; n++)
+            wmma::store_matrix_sync(s_tile + warp * 16 * L::LD_SCORE + n * 16, s_frag[n],
+                                    L::LD_SCORE, wmma::mem_row_major);
+        __syncwarp();  // the warp's score rows are complete in shared memory
+
+        // Online softmax (stage 04's), each lane over 32 of its row's 64 scores.
+        float *s_row = s_tile + my_row * L::LD_SCORE + half * 32;
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const int key = k0 + half * 32 + c;
+            const bool masked = key >= S || (causal && key > query);
+            s_row[c] = masked ? -INFINITY : scale * s_row[c];
+            tile_max = fmaxf(tile_max, s_row[c]);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        // Tile 0 holds key 0, which no row masks: the max is finite from the first tile on.
+        const float old_max = max_tile[my_row];
+        const float new_max = fmaxf(old_max, tile_max);
+        const float alpha = expf(old_max - new_max);  // 0 on the first tile
+        float tile_sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            s_row[c] = expf(s_row[c] - new_max);  // now P, unnormalized
+            tile_sum += s_row[c];
+        }
+        tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
+        __syncwarp();  // both lanes of a row have read the old max and written their half of P
+        if (half == 0) {
+            sum_tile[my_row] = sum_tile[my_row] * alpha + tile_sum;
+            max_tile[my_row] = new_max;
+        }
+
+        // O = alpha O + P V, scalar fp32: each lane updates every other column of its row, so the
+        // two lanes of a row read neighbouring halves of V (one 4-byte word: no bank conflict).
+        float *o_row = o_tile + my_row * L::LD_O;
+        const float *p_row = s_tile + my_row * L::LD_SCORE;
+        for (int d = half; d < D; d += 2) {
+            float acc = o_row[d] * alpha;
+#pragma unroll 16
+            for (int c = 0; c < KEY_TILE; c++) acc += p_row[c] * __half2float(v_tile[c * L::LD_HALF + d]);
+            o_row[d] = acc;
+        }
+    }
+
+    __syncthreads();  // every warp's O rows and sums are final
+    for (int i = threadIdx.x; i < BLOCK_ROWS * D; i += THREADS) {  // coalesced stores
+        const int r = i / D, d = i % D;
+        if (q0 + r < S) o[head + (size_t)(q0 + r) * D + d] = __float2half(o_tile[r * L::LD_O + d] / sum_tile[r]);
+    }
+}
+
+template <int D>
+static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    cudaError_t err = allow_dynamic_smem(wmma_qk_kernel<D>, Layout<D>::bytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
+    wmma_qk_kernel<D><<<grid, THREADS, Layout<D>::bytes, stream>>>(
+        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o, s->seq,
+        1.0f / sqrtf((float)D), s->causal);
+    return cudaGetLastError();
+}
+
+static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    return s->dim == 64 ? launch<64>(s, t, stream) : launch<128>(s, t, stream);
+}
+
+extern "C" const attn_stage STAGE = {
+    "05_wmma_qk",
+    "S = QK^T on the tensor cores (WMMA, K read column-major), softmax and scalar PV as stage 04",
+    unsupported_head_dim,
+    no_workspace,
+    forward,
+};

@@ -1,0 +1,204 @@
+// Stage 06 - both matrix products on the tensor cores through WMMA; O lives in accumulator
+// fragments.
+//
+// The idea: P V is a matrix product too. The softmax writes P to shared memory as fp16 (values in
+// [0, 1], so fp16 costs at most 2^-11 relative), and each warp accumulates its 16 x D slab of O
+// in D/16 WMMA accumulator fragments, in registers, across all K/V tiles.
+// The catch: the online softmax must rescale row r of O by alpha_r = exp(m_old - m_new) on every
+// tile, and WMMA does not document which (row, column) each fragment element holds. The method
+// here is correct by construction: at start each warp loads a 16 x 16 matrix whose entries are
+// their own row index into an accumulator fragment (`row_of`). load_matrix_sync, mma_sync and
+// store_matrix_sync must agree on one element layout for an accumulator type (the API's own
+// load-C, multiply, store-D contract depends on it), so row_of.x[i] is the row of element x[i] in
+// every accumulator fragment of this type. Rescaling is then o.x[i] *= alpha[row_of.x[i]], with
+// alpha read from shared memory. It costs one shared-memory read per accumulator element per tile
+// and 8 registers; stage 07 drops WMMA for mma.sync, whose layout is documented, to avoid even
+// that and to keep S and P in registers.
+// What changed from stage 05: P is stored as fp16 in p_tile; O moves from shared memory to
+// registers; P V is 4 x D/16 mma_sync per warp per tile instead of 64 x 16 x D scalar FMAs.
+// Limits: S and P still round-trip through shared memory; tiles are loaded synchronously, so
+// the warps wait for every K/V load (stage 07: cp.async pipeline and swizzled layouts).
+#include <math.h>
+#include <mma.h>
+
+#include "kernel_common.cuh"
+
+using namespace nvcuda;
+
+#define BLOCK_ROWS 64  // query rows per block
+#define KEY_TILE 64    // keys per shared-memory tile
+#define WARPS 4        // warp w owns query rows [16w, 16w + 16)
+#define THREADS (32 * WARPS)
+
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_frag;
+
+// Shared-memory row strides. WMMA needs 32-byte aligned fragment pointers and a stride that is a
+// multiple of 8 halves or 4 floats; the extra 8 halves / 4 floats stagger rows across banks.
+template <int D> struct Layout {
+    static constexpr int LD_HALF = D + 8;              // q_tile, k_tile, v_tile
+    static constexpr int LD_SCORE = KEY_TILE + 4;      // s_tile (fp32)
+    static constexpr int LD_P = KEY_TILE + 8;          // p_tile (fp16)
+    static constexpr int LD_OUT = D + 4;               // output staging (fp32), reuses k_tile/v_tile
+    static constexpr size_t bytes = sizeof(__half) * ((BLOCK_ROWS + 2 * KEY_TILE) * LD_HALF + BLOCK_ROWS * LD_P) +
+                                    sizeof(float) * (BLOCK_ROWS * LD_SCORE + 3 * BLOCK_ROWS);
+    static_assert(sizeof(float) * BLOCK_ROWS * LD_OUT <= sizeof(__half) * 2 * KEY_TILE * LD_HALF,
+                  "output staging must fit in the K and V tiles");
+};
+
+template <int D>
+__global__ void __launch_bounds__(THREADS)
+wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int S, float scale,
+               int causal) {
+    using L = Layout<D>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *q_tile = (__half *)smem;                      // [BLOCK_ROWS][LD_HALF]
+    __half *k_tile = q_tile + BLOCK_ROWS * L::LD_HALF;    // [KEY_TILE][LD_HALF]
+    __half *v_tile = k_tile + KEY_TILE * L::LD_HALF;      // [KEY_TILE][LD_HALF]
+    __half *p_tile = v_tile + KEY_TILE * L::LD_HALF;      // [BLOCK_ROWS][LD_P]: P in fp16
+    float *s_tile = (float *)(p_tile + BLOCK_ROWS * L::LD_P);  // [BLOCK_ROWS][LD_SCORE]: S
+    float *max_tile = s_tile + BLOCK_ROWS * L::LD_SCORE;  // [BLOCK_ROWS]: row max
+    float *sum_tile = max_tile + BLOCK_ROWS;              // [BLOCK_ROWS]: row sum
+    float *alpha_tile = sum_tile + BLOCK_ROWS;            // [BLOCK_ROWS]: this tile's rescale
+
+    const size_t head = head_offset(blockIdx.z, blockIdx.y, gridDim.y, S, D);
+    const int q0 = blockIdx.x * BLOCK_ROWS;
+    const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // In the softmax, lanes 2r and 2r+1 of warp w share row 16w + r.
+    const int my_row = warp * 16 + lane / 2, half = lane % 2;
+    const int query = q0 + my_row;
+
+    // row_of.x[i] = the row (0..15) of element i in any accumulator fragment: load a matrix whose
+    // entries are their row index. The warp's own 16 rows of s_tile serve as scratch.
+    acc_frag row_of;
+    float *scratch = s_tile + warp * 16 * L::LD_SCORE;
+    for (int i = lane; i < 16 * 16; i += 32) scratch[(i / 16) * L::LD_SCORE + i % 16] = (float)(i / 16);
+    __syncwarp();
+    wmma::load_matrix_sync(row_of, scratch, L::LD_SCORE, wmma::mem_row_major);
+
+    load_tile_f16<BLOCK_ROWS, D>(q_tile, L::LD_HALF, q + head, q0, S);
+    if (threadIdx.x < BLOCK_ROWS) max_tile[threadIdx.x] = -INFINITY, sum_tile[threadIdx.x] = 0.0f;
+    acc_frag o_frag[D / 16];  // this warp's 16 x D slab of O, columns 16j..16j+15 in o_frag[j]
+#pragma unroll
+    for (int j = 0; j < D / 16; j++) wmma::fill_fragment(o_frag[j], 0.0f);
+
+    for (int k0 = 0; k0 < kv_end; k0 += KEY_TILE) {
+        __syncthreads();  // everyone is done with the previous tile (and Q and the state are set)
+        load_tile_f16<KEY_TILE, D>(k_tile, L::LD_HALF, k + head, k0, S);
+        load_tile_f16<KEY_TILE, D>(v_tile, L::LD_HALF, v + head, k0, S);
+        __syncthreads();
+
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys (as stage 05).
+        acc_frag s_frag[KEY_TILE / 16];
+#pragma unroll
+        for (int n = 0; n < KEY_TILE / 16; n++) wmma::fill_fragment(s_frag[n], 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < D; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> q_frag;
+            wmma::load_matrix_sync(q_frag, q_tile + warp * 16 * L::LD_HALF + kk, L::LD_HALF);
+#pragma unroll
+            for (int n = 0; n < KEY_TILE / 16; n++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> k_frag;  // K^T
+                wmma::load_matrix_sync(k_frag, k_tile + n * 16 * L::LD_HALF + kk, L::LD_HALF);
+                wmma::mma_sync(s_frag[n], q_frag, k_frag, s_frag[n]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < KEY_TILE / 16; n++)
+            wmma::store_matrix_sync(s_tile + warp * 16 * L::LD_SCORE + n * 16, s_frag[n],
+                                    L::LD_SCORE, wmma::mem_row_major);
+        __syncwarp();
+
+        // Online softmax (as stage 05), writing P as fp16 for the tensor cores.
+        const float *s_row = s_tile + my_row * L::LD_SCORE + half * 32;
+        __half *p_row = p_tile + my_row * L::LD_P + half * 32;
+        float scores[32];
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const int key = k0 + half * 32 + c;
+            const bool masked = key >= S || (causal && key > query);
+            scores[c] = masked ? -INFINITY : scale * s_row[c];
+            tile_max = fmaxf(tile_max, scores[c]);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        // Tile 0 holds key 0, which no row masks: the max is finite from the first tile on.
+        const float old_max = max_tile[my_row];
+        const float new_max = fmaxf(old_max, tile_max);
+        const float alpha = expf(old_max - new_max);  // 0 on the first tile
+        float tile_sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const __half p = __float2half(expf(scores[c] - new_max));
+            p_row[c] = p;
+            tile_sum += __half2float(p);  // sum what P V will use, rounding included
+        }
+        tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
+        __syncwarp();  // both lanes of a row have read the old max and written their half of P
+        if (half == 0) {
+            sum_tile[my_row] = sum_tile[my_row] * alpha + tile_sum;
+            max_tile[my_row] = new_max;
+            alpha_tile[my_row] = alpha;
+        }
+        __syncwarp();  // alpha_tile and p_tile are complete for the warp's 16 rows
+
+        // O = diag(alpha) O + P V.
+#pragma unroll
+        for (int j = 0; j < D / 16; j++)
+#pragma unroll
+            for (int i = 0; i < o_frag[j].num_elements; i++)
+                o_frag[j].x[i] *= alpha_tile[warp * 16 + (int)row_of.x[i]];
+#pragma unroll
+        for (int kk = 0; kk < KEY_TILE; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> p_frag;
+            wmma::load_matrix_sync(p_frag, p_tile + warp * 16 * L::LD_P + kk, L::LD_P);
+#pragma unroll
+            for (int j = 0; j < D / 16; j++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> v_frag;
+                wmma::load_matrix_sync(v_frag, v_tile + kk * L::LD_HALF + j * 16, L::LD_HALF);
+                wmma::mma_sync(o_frag[j], p_frag, v_frag, o_frag[j]);
+            }
+        }
+    }
+
+    // O / row sum, then out through shared memory (the K and V tiles, free once every warp is
+    // done) so the global stores are coalesced. The row sums were written by this warp's lanes.
+#pragma unroll
+    for (int j = 0; j < D / 16; j++)
+#pragma unroll
+        for (int i = 0; i < o_frag[j].num_elements; i++)
+            o_frag[j].x[i] /= sum_tile[warp * 16 + (int)row_of.x[i]];
+    __syncthreads();
+    float *out_tile = (float *)k_tile + warp * 16 * L::LD_OUT;  // this warp's [16][LD_OUT]
+#pragma unroll
+    for (int j = 0; j < D / 16; j++)
+        wmma::store_matrix_sync(out_tile + j * 16, o_frag[j], L::LD_OUT, wmma::mem_row_major);
+    __syncwarp();
+    for (int i = lane; i < 16 * D; i += 32) {
+        const int r = i / D, d = i % D, row = q0 + warp * 16 + r;
+        if (row < S) o[head + (size_t)row * D + d] = __float2half(out_tile[r * L::LD_OUT + d]);
+    }
+}
+
+template <int D>
+static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    cudaError_t err = allow_dynamic_smem(wmma_pv_kernel<D>, Layout<D>::bytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
+    wmma_pv_kernel<D><<<grid, THREADS, Layout<D>::bytes, stream>>>(
+        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o, s->seq,
+        1.0f / sqrtf((float)D), s->causal);
+    return cudaGetLastError();
+}
+
+static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    return s->dim == 64 ? launch<64>(s, t, stream) : launch<128>(s, t, stream);
+}
+
+extern "C" const attn_stage STAGE = {
+    "06_wmma_pv",
+    "both products on the tensor cores (WMMA); O in accumulator fragments, rescaled by a row map",
+    unsupported_head_dim,
+    no_workspace,
+    forward,
+};
