@@ -11,10 +11,10 @@
 // store_matrix_sync must agree on one element layout for an accumulator type (the API's own
 // load-C, multiply, store-D contract depends on it), so row_of.x[i] is the row of element x[i] in
 // every accumulator fragment of this type. Rescaling is then o.x[i] *= alpha[row_of.x[i]], with
-// alpha read from shared memory. It costs one shared-memory read per accumulator element per tile
-// and 8 registers; stage 07 drops WMMA for mma.sync, whose layout is documented, to avoid even
+// alpha read from shared memory. It costs 8 registers and 8 shared-memory reads per thread per
+// tile (one per element of a fragment, shared by all D/16 fragments); stage 07 drops WMMA for mma.sync, whose layout is documented, to avoid even
 // that and to keep S and P in registers.
-// What changed from stage 05: P is stored as fp16 in p_tile; O moves from shared memory to
+// What changed from stage 05: P is stored as fp16 (over the warp's own S rows); O moves from shared memory to
 // registers; P V is 4 x D/16 mma_sync per warp per tile instead of 64 x 16 x D scalar FMAs.
 // Limits: S and P still round-trip through shared memory; tiles are loaded synchronously, so
 // the warps wait for every K/V load (stage 07: cp.async pipeline and swizzled layouts).
@@ -37,9 +37,9 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_frag;
 template <int D> struct Layout {
     static constexpr int LD_HALF = D + 8;              // q_tile, k_tile, v_tile
     static constexpr int LD_SCORE = KEY_TILE + 4;      // s_tile (fp32)
-    static constexpr int LD_P = KEY_TILE + 8;          // p_tile (fp16)
+    static constexpr int LD_P = 2 * LD_SCORE;          // p_tile (fp16) overlays s_tile row by row
     static constexpr int LD_OUT = D + 4;               // output staging (fp32), reuses k_tile/v_tile
-    static constexpr size_t bytes = sizeof(__half) * ((BLOCK_ROWS + 2 * KEY_TILE) * LD_HALF + BLOCK_ROWS * LD_P) +
+    static constexpr size_t bytes = sizeof(__half) * (BLOCK_ROWS + 2 * KEY_TILE) * LD_HALF +
                                     sizeof(float) * (BLOCK_ROWS * LD_SCORE + 3 * BLOCK_ROWS);
     static_assert(sizeof(float) * BLOCK_ROWS * LD_OUT <= sizeof(__half) * 2 * KEY_TILE * LD_HALF,
                   "output staging must fit in the K and V tiles");
@@ -54,8 +54,11 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
     __half *q_tile = (__half *)smem;                      // [BLOCK_ROWS][LD_HALF]
     __half *k_tile = q_tile + BLOCK_ROWS * L::LD_HALF;    // [KEY_TILE][LD_HALF]
     __half *v_tile = k_tile + KEY_TILE * L::LD_HALF;      // [KEY_TILE][LD_HALF]
-    __half *p_tile = v_tile + KEY_TILE * L::LD_HALF;      // [BLOCK_ROWS][LD_P]: P in fp16
-    float *s_tile = (float *)(p_tile + BLOCK_ROWS * L::LD_P);  // [BLOCK_ROWS][LD_SCORE]: S
+    float *s_tile = (float *)(v_tile + KEY_TILE * L::LD_HALF);  // [BLOCK_ROWS][LD_SCORE]: S
+    // P (fp16) is written over S: row r of P fills the first half of row r of S. Each warp touches
+    // only its own rows, and reads its scores into registers before writing P. Sharing the space
+    // saves 9 KB, which at D = 128 lets 3 blocks share an SM instead of 2.
+    __half *p_tile = (__half *)s_tile;                    // [BLOCK_ROWS][LD_P]
     float *max_tile = s_tile + BLOCK_ROWS * L::LD_SCORE;  // [BLOCK_ROWS]: row max
     float *sum_tile = max_tile + BLOCK_ROWS;              // [BLOCK_ROWS]: row sum
     float *alpha_tile = sum_tile + BLOCK_ROWS;            // [BLOCK_ROWS]: this tile's rescale
@@ -127,6 +130,7 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
         const float new_max = fmaxf(old_max, tile_max);
         const float alpha = expf(old_max - new_max);  // 0 on the first tile
         float tile_sum = 0.0f;
+        __syncwarp();  // every lane has its scores in registers before P overwrites S
 #pragma unroll
         for (int c = 0; c < 32; c++) {
             const __half p = __float2half(expf(scores[c] - new_max));
@@ -142,12 +146,14 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
         }
         __syncwarp();  // alpha_tile and p_tile are complete for the warp's 16 rows
 
-        // O = diag(alpha) O + P V.
+        // O = diag(alpha) O + P V. Every accumulator fragment has the same layout, so the alpha of
+        // element i is looked up once and applies to element i of all D/16 fragments.
 #pragma unroll
-        for (int j = 0; j < D / 16; j++)
+        for (int i = 0; i < row_of.num_elements; i++) {
+            const float alpha_i = alpha_tile[warp * 16 + (int)row_of.x[i]];
 #pragma unroll
-            for (int i = 0; i < o_frag[j].num_elements; i++)
-                o_frag[j].x[i] *= alpha_tile[warp * 16 + (int)row_of.x[i]];
+            for (int j = 0; j < D / 16; j++) o_frag[j].x[i] *= alpha_i;
+        }
 #pragma unroll
         for (int kk = 0; kk < KEY_TILE; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> p_frag;
@@ -164,10 +170,11 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
     // O / row sum, then out through shared memory (the K and V tiles, free once every warp is
     // done) so the global stores are coalesced. The row sums were written by this warp's lanes.
 #pragma unroll
-    for (int j = 0; j < D / 16; j++)
+    for (int i = 0; i < row_of.num_elements; i++) {
+        const float inv_sum_i = 1.0f / sum_tile[warp * 16 + (int)row_of.x[i]];
 #pragma unroll
-        for (int i = 0; i < o_frag[j].num_elements; i++)
-            o_frag[j].x[i] /= sum_tile[warp * 16 + (int)row_of.x[i]];
+        for (int j = 0; j < D / 16; j++) o_frag[j].x[i] *= inv_sum_i;
+    }
     __syncthreads();
     float *out_tile = (float *)k_tile + warp * 16 * L::LD_OUT;  // this warp's [16][LD_OUT]
 #pragma unroll
