@@ -25,11 +25,13 @@ grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tai
 
 : >"$out/sanitizer.log"
 for stage in $stages; do
-    for tool in memcheck racecheck; do
-        echo "== $stage $tool (B=2 H=3 S=77 D=64 causal)" >>"$out/sanitizer.log"
-        compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/bin/$stage \
-            --batch 2 --heads 3 --seq 77 --dim 64 --causal >>"$out/sanitizer.log" 2>&1
-        echo "exit $?" >>"$out/sanitizer.log"
+    for dim in 64 128; do
+        for tool in memcheck racecheck; do
+            echo "== $stage $tool (B=2 H=3 S=77 D=$dim causal)" >>"$out/sanitizer.log"
+            compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/bin/$stage \
+                --batch 2 --heads 3 --seq 77 --dim $dim --causal >>"$out/sanitizer.log" 2>&1
+            echo "exit $?" >>"$out/sanitizer.log"
+        done
     done
 done
 grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|^exit" "$out/sanitizer.log" | paste - - - | sed 's/=========//g'
