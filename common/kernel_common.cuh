@@ -55,6 +55,24 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
+// The signature every fused stage's kernel has (stages 02 on).
+typedef void (*attention_kernel)(const __half *q, const __half *k, const __half *v, __half *o, int S,
+                                 float scale, int causal);
+
+// Launch a fused attention kernel the way every stage from 02 on does: one block per
+// (query tile of `block_rows` rows, head, batch), `threads` threads, `smem` bytes of dynamic
+// shared memory (the limit raised where needed), softmax scale 1/sqrt(D).
+inline cudaError_t launch_attention(attention_kernel kernel, int block_rows, int threads, size_t smem,
+                                    const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    cudaError_t err = allow_dynamic_smem(kernel, smem);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(ceil_div(s->seq, block_rows), s->heads, s->batch);
+    kernel<<<grid, threads, smem, stream>>>((const __half *)t->q, (const __half *)t->k,
+                                            (const __half *)t->v, (__half *)t->o, s->seq,
+                                            1.0f / sqrtf((float)s->dim), s->causal);
+    return cudaGetLastError();
+}
+
 // The head dims every stage supports; a stage's unsupported() returns this sentence otherwise.
 #define HEAD_DIM_SENTENCE "this stage is compiled for head dims D = 64 and 128 only"
 inline const char *unsupported_head_dim(const attn_shape *shape) {

@@ -9,23 +9,9 @@ Random inputs, CUDA events, warm-up, median of 20 runs. Writes CSV rows gpu,ceil
 """
 import argparse
 import os
-import statistics
 import sys
 
-
-def median_ms(fn, runs=20, warmup=3):
-    import torch
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(runs):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop))
-    return statistics.median(samples)
+from cuda_timing import median_ms
 
 
 def main():
@@ -47,19 +33,19 @@ def main():
     n = 1 << 31  # 2 Gi fp16 elements = 4 GiB
     src = torch.randn(n, device="cuda", dtype=torch.float16)
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
+    ms, _ = median_ms(lambda: dst.copy_(src), iters=20, min_runs=20)
     rows.append(("copy_bandwidth", 2 * src.numel() * 2 / (ms * 1e-3) / 1e9, "GB/s"))
     del src, dst
 
     m = 8192
     a = torch.randn(m, m, device="cuda", dtype=torch.float16)
     b = torch.randn(m, m, device="cuda", dtype=torch.float16)
-    ms = median_ms(lambda: a @ b)
+    ms, _ = median_ms(lambda: a @ b, iters=20, min_runs=20)
     rows.append(("fp16_tensor_core_matmul", 2 * m**3 / (ms * 1e-3) / 1e12, "TFLOP/s"))
 
     torch.backends.cuda.matmul.allow_tf32 = False
     a, b = a.float(), b.float()
-    ms = median_ms(lambda: a @ b, runs=10)
+    ms, _ = median_ms(lambda: a @ b, iters=10, min_runs=10)
     rows.append(("fp32_simt_matmul", 2 * m**3 / (ms * 1e-3) / 1e12, "TFLOP/s"))
 
     new_file = not os.path.exists(args.csv) or os.path.getsize(args.csv) == 0

@@ -8,8 +8,9 @@ reported and skipped. Where PyTorch or a GPU is missing, says so and exits 0.
 """
 import argparse
 import os
-import statistics
 import sys
+
+from cuda_timing import median_ms
 
 COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
 WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS = 3, 30, 5, 2000.0
@@ -37,24 +38,6 @@ def check_error(q, k, v, out, causal):
         return float("inf"), False
     err = (got - ref).abs()
     return err.max().item(), bool((err <= ATOL + RTOL * ref.abs()).all())
-
-
-def time_backend(fn, flush):
-    import torch
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(WARMUP):
-        fn()
-    torch.cuda.synchronize()
-    samples, total = [], 0.0
-    while len(samples) < ITERS and (len(samples) < MIN_RUNS or total < TIME_BUDGET_MS):
-        flush.fill_(len(samples) & 0xFF)  # evict Q, K, V, O from L2
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop))
-        total += samples[-1]
-    return statistics.median(samples) * 1e3, len(samples)
 
 
 def main():
@@ -110,7 +93,10 @@ def main():
                         print(f"{label} FAILED check: max abs err {max_err:.3e}")
                         failures += 1
                         continue
-                    median_us, runs = time_backend(run, flush)
+                    # Overwriting a buffer twice the L2's size evicts Q, K, V and O before each run.
+                    ms, runs = median_ms(run, WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS,
+                                         before_each=lambda i: flush.fill_(i & 0xFF))
+                    median_us = ms * 1e3
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
                 tflops = flops / (median_us * 1e-6) * 1e-12
                 gbps = 4 * B * H * S * D * 2 / (median_us * 1e-6) * 1e-9

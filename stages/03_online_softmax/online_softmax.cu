@@ -84,14 +84,8 @@ online_softmax_kernel(const __half *q, const __half *k, const __half *v, __half 
 
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    const size_t smem = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);
-    cudaError_t err = allow_dynamic_smem(online_softmax_kernel<D>, smem);
-    if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
-    online_softmax_kernel<D><<<grid, BLOCK_ROWS, smem, stream>>>(
-        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o, s->seq,
-        1.0f / sqrtf((float)D), s->causal);
-    return cudaGetLastError();
+    const size_t smem = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);  // q_tile, k_tile, v_tile
+    return launch_attention(online_softmax_kernel<D>, BLOCK_ROWS, BLOCK_ROWS, smem, s, t, stream);
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {

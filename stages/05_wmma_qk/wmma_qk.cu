@@ -13,11 +13,9 @@
 // Limits: P V is still scalar: 16 rows x D columns x 64 keys of fp32 FMAs per warp per tile, two
 // shared-memory loads each. Stage 06 puts P V on the tensor cores too.
 #include <math.h>
-#include <mma.h>
 
 #include "kernel_common.cuh"
-
-using namespace nvcuda;
+#include "wmma_tiles.cuh"
 
 #define BLOCK_ROWS 64  // query rows per block
 #define KEY_TILE 64    // keys per shared-memory tile
@@ -66,27 +64,10 @@ wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
         load_tile_f16<KEY_TILE, D>(v_tile, L::LD_HALF, v + head, k0, S);
         __syncthreads();
 
-        // S = Q K^T for this warp's 16 rows and the tile's 64 keys: 4 accumulator fragments.
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag[KEY_TILE / 16];
-#pragma unroll
-        for (int n = 0; n < KEY_TILE / 16; n++) wmma::fill_fragment(s_frag[n], 0.0f);
-#pragma unroll
-        for (int kk = 0; kk < D; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> q_frag;
-            wmma::load_matrix_sync(q_frag, q_tile + warp * 16 * L::LD_HALF + kk, L::LD_HALF);
-#pragma unroll
-            for (int n = 0; n < KEY_TILE / 16; n++) {
-                // Element (kk', n') of the column-major B sits at n' * LD_HALF + kk': that is
-                // K[n'][kk'], so B = K^T straight from K's rows.
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> k_frag;
-                wmma::load_matrix_sync(k_frag, k_tile + n * 16 * L::LD_HALF + kk, L::LD_HALF);
-                wmma::mma_sync(s_frag[n], q_frag, k_frag, s_frag[n]);
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < KEY_TILE / 16; n++)
-            wmma::store_matrix_sync(s_tile + warp * 16 * L::LD_SCORE + n * 16, s_frag[n],
-                                    L::LD_SCORE, wmma::mem_row_major);
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys, on the tensor cores
+        // (common/wmma_tiles.cuh: 4 accumulator fragments, D/16 mma_sync each, K read as Kᵀ).
+        wmma_score_tile<D, KEY_TILE>(q_tile + warp * 16 * L::LD_HALF, k_tile, L::LD_HALF,
+                                     s_tile + warp * 16 * L::LD_SCORE, L::LD_SCORE);
         __syncwarp();  // the warp's score rows are complete in shared memory
 
         // Online softmax (stage 04's), each lane over 32 of its row's 64 scores.
@@ -138,13 +119,7 @@ wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
 
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    cudaError_t err = allow_dynamic_smem(wmma_qk_kernel<D>, Layout<D>::bytes);
-    if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
-    wmma_qk_kernel<D><<<grid, THREADS, Layout<D>::bytes, stream>>>(
-        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o, s->seq,
-        1.0f / sqrtf((float)D), s->causal);
-    return cudaGetLastError();
+    return launch_attention(wmma_qk_kernel<D>, BLOCK_ROWS, THREADS, Layout<D>::bytes, s, t, stream);
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {

@@ -22,6 +22,7 @@
 #include <mma.h>
 
 #include "kernel_common.cuh"
+#include "wmma_tiles.cuh"
 
 using namespace nvcuda;
 
@@ -92,24 +93,8 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
         __syncthreads();
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys (as stage 05).
-        acc_frag s_frag[KEY_TILE / 16];
-#pragma unroll
-        for (int n = 0; n < KEY_TILE / 16; n++) wmma::fill_fragment(s_frag[n], 0.0f);
-#pragma unroll
-        for (int kk = 0; kk < D; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> q_frag;
-            wmma::load_matrix_sync(q_frag, q_tile + warp * 16 * L::LD_HALF + kk, L::LD_HALF);
-#pragma unroll
-            for (int n = 0; n < KEY_TILE / 16; n++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> k_frag;  // K^T
-                wmma::load_matrix_sync(k_frag, k_tile + n * 16 * L::LD_HALF + kk, L::LD_HALF);
-                wmma::mma_sync(s_frag[n], q_frag, k_frag, s_frag[n]);
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < KEY_TILE / 16; n++)
-            wmma::store_matrix_sync(s_tile + warp * 16 * L::LD_SCORE + n * 16, s_frag[n],
-                                    L::LD_SCORE, wmma::mem_row_major);
+        wmma_score_tile<D, KEY_TILE>(q_tile + warp * 16 * L::LD_HALF, k_tile, L::LD_HALF,
+                                     s_tile + warp * 16 * L::LD_SCORE, L::LD_SCORE);
         __syncwarp();
 
         // Online softmax (as stage 05), writing P as fp16 for the tensor cores.
@@ -189,13 +174,7 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
 
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    cudaError_t err = allow_dynamic_smem(wmma_pv_kernel<D>, Layout<D>::bytes);
-    if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
-    wmma_pv_kernel<D><<<grid, THREADS, Layout<D>::bytes, stream>>>(
-        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o, s->seq,
-        1.0f / sqrtf((float)D), s->causal);
-    return cudaGetLastError();
+    return launch_attention(wmma_pv_kernel<D>, BLOCK_ROWS, THREADS, Layout<D>::bytes, s, t, stream);
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
