@@ -1,0 +1,93 @@
+// mma_ptx.cuh - thin wrappers over the PTX instructions stage 07 on uses (sm_80 and newer):
+// ldmatrix, mma.sync m16n8k16, cp.async; and the XOR swizzle of shared-memory tiles.
+//
+// Register layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
+// g = lane / 4 and t = lane % 4:
+//   A (16x16 fp16, row-major), 4 x .b32:  a0 = A[g][2t..2t+1]    a1 = A[g+8][2t..2t+1]
+//                                         a2 = A[g][2t+8..2t+9]  a3 = A[g+8][2t+8..2t+9]
+//   B (16x8 fp16, "col-major"), 2 x .b32: b0 = B[2t..2t+1][g]    b1 = B[2t+8..2t+9][g]
+//   C, D (16x8 fp32), 4 x .f32:           c0,c1 = C[g][2t..2t+1] c2,c3 = C[g+8][2t..2t+1]
+// Unlike WMMA's fragments, every thread knows which rows it holds: g and g + 8.
+#ifndef FLASH_STAGES_MMA_PTX_CUH
+#define FLASH_STAGES_MMA_PTX_CUH
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ inline uint32_t smem_address(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// Four 8x8 fp16 matrices from shared memory. Lane i gives the address of row i % 8 of matrix
+// i / 8 (16 bytes, 16-byte aligned); register j receives matrix j, lane l holding its row l / 4,
+// columns 2 (l % 4) and 2 (l % 4) + 1.
+__device__ inline void ldmatrix_x4(uint32_t r[4], const __half *row_address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_address(row_address)));
+}
+
+// The same, each 8x8 matrix transposed on the way: lane l holds its column l / 4, rows
+// 2 (l % 4) and 2 (l % 4) + 1. This reads a B operand from a row-major [k][n] tile (V).
+__device__ inline void ldmatrix_x4_trans(uint32_t r[4], const __half *row_address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_address(row_address)));
+}
+
+// D = A B + D for one 16x8x16 tile: fp16 inputs, fp32 accumulation, in place.
+__device__ inline void mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats to one .b32 of two fp16 (lo in the low half), the A-operand packing.
+__device__ inline uint32_t pack_half2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// 16 bytes global -> shared without passing through registers. With `valid` false the 16 bytes
+// are zero-filled and nothing is read (src-size 0), which masks tail rows for free.
+__device__ inline void cp_async_16(void *smem_dst, const void *global_src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :
+                 : "r"(smem_address(smem_dst)), "l"(global_src), "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// XOR swizzle of an fp16 tile with D columns (D a multiple of 64), no padding: the 16-byte chunk
+// c of row r is stored at chunk c ^ (r % 8). The 8 rows that one ldmatrix (or one column of
+// cp.async writes) touches at the same logical chunk land in 8 different 16-byte bank groups.
+// Returns the offset in halves of element (row, col), col a multiple of 8 for 16-byte accesses.
+// FLASH_STAGES_NO_SWIZZLE builds the plain row-major layout instead, for the bank-conflict
+// measurement in stage 07's lesson.
+template <int D>
+__device__ inline int swizzle(int row, int col) {
+#ifdef FLASH_STAGES_NO_SWIZZLE
+    return row * D + col;
+#else
+    return row * D + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+#endif
+}
+
+// Start copying rows [row0, row0 + ROWS) of one head's [S, D] fp16 matrix into a swizzled tile,
+// 16 bytes per cp.async, all threads of the block taking part; rows past S are zero-filled.
+// The caller commits and waits.
+template <int ROWS, int D>
+__device__ inline void cp_async_tile(__half *tile, const __half *head, int row0, int S) {
+    constexpr int CHUNKS = D / 8;
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += blockDim.x) {
+        const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+        const bool valid = row0 + r < S;
+        cp_async_16(tile + swizzle<D>(r, c), head + (size_t)(valid ? row0 + r : 0) * D + c, valid);
+    }
+}
+
+#endif
