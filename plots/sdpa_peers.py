@@ -15,6 +15,7 @@ from cuda_timing import median_ms
 COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
 WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS = 3, 30, 5, 2000.0
 ATOL = RTOL = 4e-3  # the harness's bound (common/check.h)
+SPIN_CYCLES = 200_000  # ~100 us at the H100's clock: longer than PyTorch's host dispatch
 
 
 def read_shapes(path):
@@ -22,6 +23,17 @@ def read_shapes(path):
         for line in f:
             if line.strip() and not line.startswith("#"):
                 yield tuple(int(x) for x in line.split())
+
+
+def flush_and_spin(flush, i):
+    """Before each timed run: overwrite a buffer twice the L2's size (evicting Q, K, V and O), then
+    keep the GPU busy for ~100 us. PyTorch's dispatch of one SDPA call takes tens of microseconds
+    of host time; without the spin, a ~12 us kernel would be timed together with the GPU idling
+    while the host catches up (the stages' C launches take a few microseconds, which the flush
+    alone hides)."""
+    import torch
+    flush.fill_(i & 0xFF)
+    torch.cuda._sleep(SPIN_CYCLES)
 
 
 def check_error(q, k, v, out, causal):
@@ -93,9 +105,8 @@ def main():
                         print(f"{label} FAILED check: max abs err {max_err:.3e}")
                         failures += 1
                         continue
-                    # Overwriting a buffer twice the L2's size evicts Q, K, V and O before each run.
                     ms, runs = median_ms(run, WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS,
-                                         before_each=lambda i: flush.fill_(i & 0xFF))
+                                         before_each=lambda i: flush_and_spin(flush, i))
                     median_us = ms * 1e3
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
                 tflops = flops / (median_us * 1e-6) * 1e-12
