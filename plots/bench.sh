@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU, then the PyTorch SDPA
-# peers and the GPU's ceilings, write plots/data/<gpu>.csv and <gpu>_ceilings.csv, and render the charts. Run it through
-# `cmake --workflow --preset bench` (README), which builds first and sets FLASH_STAGES_BIN.
+# peers and the GPU's ceilings; write plots/data/<gpu>.csv and <gpu>_ceilings.csv and render the
+# charts. Run it through `cmake --workflow --preset bench` (README), which builds first and sets
+# FLASH_STAGES_BIN.
 #
 # Each measurement is checked against the float64 reference before it is timed; a stage that
 # cannot run a shape (memory, or unsupported) says so and the sweep goes on. Exit status is
