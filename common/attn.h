@@ -24,7 +24,11 @@ typedef struct {
 typedef struct {
     const void *q, *k, *v;  // device, fp16 [B, H, S, D]
     void *o;                // device, fp16 [B, H, S, D]
-    void *workspace;        // device scratch of workspace_bytes(shape) bytes (NULL when 0)
+    void *workspace;        // device scratch of workspace_bytes(shape) bytes (NULL when 0); it
+                            // persists from the forward to the backward (e.g. the row log-sum-exp)
+    // Backward only (NULL otherwise): the incoming gradient dO and the gradients to write.
+    const void *d_o;        // device, fp16 [B, H, S, D]
+    void *dq, *dk, *dv;     // device, fp16 [B, H, S, D]
 } attn_tensors;
 
 typedef struct {
@@ -36,6 +40,9 @@ typedef struct {
     size_t (*workspace_bytes)(const attn_shape *shape);
     // Enqueue the forward pass on `stream`; returns the launch error, if any.
     cudaError_t (*forward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
+    // Enqueue the backward pass (dQ, dK, dV from Q, K, V, O, dO and whatever the forward left in
+    // the workspace); NULL for the forward-only stages.
+    cudaError_t (*backward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
 } attn_stage;
 
 // Defined by the stage being built into this executable.
@@ -52,6 +59,10 @@ static inline double attn_forward_flops(const attn_shape *s) {
     double f = 4.0 * s->batch * s->heads * (double)s->seq * s->seq * s->dim;
     return s->causal ? 0.5 * f : f;
 }
+
+// The backward pass does five S x S x D products (S and dP recomputed, dV, dK, dQ) against the
+// forward's two: by convention 2.5x the forward FLOPs, whatever a stage actually recomputes.
+static inline double attn_backward_flops(const attn_shape *s) { return 2.5 * attn_forward_flops(s); }
 
 #ifdef __cplusplus
 }

@@ -46,5 +46,39 @@ static inline int check_passed(const check_result *r) {
 
 // Prints the verdict, the errors and, on failure, the first bad element as [b, h, s, d].
 void check_print(const attn_shape *shape, const check_result *r);
+// The verdict lines alone, prefixed by `label`.
+void check_print_verdict(const char *label, const attn_shape *shape, const check_result *r);
+
+// Backward. The gradients differ in scale (dV ~ 1, dQ and dK ~ 1/sqrt(D)), so the element bound
+// is relative to the rms of the checked reference values of that gradient:
+//   |out - ref| <= CHECK_BWD_ATOL + CHECK_BWD_ATOL_RMS * rms + CHECK_BWD_RTOL * |ref|,
+// and per row ||out_row - ref_row|| / ||ref_row|| <= CHECK_BWD_ROW_REL_L2 for rows whose norm is at
+// least a tenth of the typical row's. fp16 P, dS and outputs give errors of ~1e-3 of the rms; a
+// wrong tile, mask or missing accumulation gives 1e-1 or more. The absolute floor covers exact
+// zeros (S = 1: dQ = dK = 0, computed as +-6e-8); the row rule skips rows that are nearly zero
+// (dQ of row 1 when causal), where the rounding of D_i = dO.O from fp16 O is a few % of the row.
+#define CHECK_BWD_ATOL 1e-4
+#define CHECK_BWD_ATOL_RMS 2e-2
+#define CHECK_BWD_RTOL 1e-2
+#define CHECK_BWD_ROW_REL_L2 2e-2
+// Full check up to this many float64 multiply-adds; otherwise sampled heads (each costing
+// 2 S^2 D for its softmax statistics) within CHECK_BWD_MACS and CHECK_BWD_ROWS rows per head.
+#define CHECK_BWD_FULL_MACS 1.5e9
+#define CHECK_BWD_MACS 1.2e9
+#define CHECK_BWD_ROWS 24
+
+typedef struct {
+    check_result dq, dk, dv;
+} check_bwd_result;
+
+// q, k, v, d_o: float copies of the fp16 tensors; grads: the stage's fp16 dQ, dK, dV.
+check_bwd_result check_backward(const attn_shape *shape, const float *q, const float *k,
+                                const float *v, const float *d_o, const uint16_t *const grads[3]);
+
+static inline int check_bwd_passed(const check_bwd_result *r) {
+    return check_passed(&r->dq) && check_passed(&r->dk) && check_passed(&r->dv);
+}
+
+void check_print_backward(const attn_shape *shape, const check_bwd_result *r);
 
 #endif

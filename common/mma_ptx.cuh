@@ -1,5 +1,6 @@
 // mma_ptx.cuh - thin wrappers over the PTX instructions stage 07 on uses (sm_80 and newer):
-// ldmatrix, mma.sync m16n8k16, cp.async; and the XOR swizzle of shared-memory tiles.
+// ldmatrix, mma.sync m16n8k16, cp.async, mbarrier; the XOR swizzle of shared-memory tiles and
+// the fragment loads from swizzled tiles.
 //
 // Register layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -88,6 +89,50 @@ __device__ inline void cp_async_tile(__half *tile, const __half *head, int row0,
         const bool valid = row0 + r < S;
         cp_async_16(tile + swizzle<D>(r, c), head + (size_t)(valid ? row0 + r : 0) * D + c, valid);
     }
+}
+
+// Fragment loads from swizzled row-major [rows][D] tiles, for one warp (lane = its lane id).
+// A operand: the 16 x 16 block at (row0, col0). Lanes 0-7 address rows 0-7 at col0, 8-15 rows
+// 8-15 at col0, 16-23 rows 0-7 at col0 + 8, 24-31 rows 8-15 at col0 + 8: a0..a3 in mma's order.
+template <int D>
+__device__ inline void load_a_frag(uint32_t a[4], const __half *tile, int row0, int col0, int lane) {
+    ldmatrix_x4(a, tile + swizzle<D>(row0 + lane % 8 + 8 * (lane / 8 % 2), col0 + 8 * (lane / 16)));
+}
+// B operands of two neighbouring n8 blocks (n0..n0+7 in b[0], b[1]; n0+8..n0+15 in b[2], b[3]),
+// k = k0..k0+15, when B's columns are the tile's rows: B = Tᵀ, as K is for S = Q Kᵀ.
+template <int D>
+__device__ inline void load_b_frags_of_rows(uint32_t b[4], const __half *tile, int n0, int k0, int lane) {
+    ldmatrix_x4(b, tile + swizzle<D>(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
+}
+// The same when B's rows are the tile's rows (B = T, as V is for O = P V): .trans reads them.
+template <int D>
+__device__ inline void load_b_frags_trans(uint32_t b[4], const __half *tile, int k0, int n0, int lane) {
+    ldmatrix_x4_trans(b, tile + swizzle<D>(k0 + lane % 8 + 8 * (lane / 8 % 2), n0 + 8 * (lane / 16)));
+}
+
+// mbarrier (sm_80+): a shared-memory barrier object that counts arrivals and flips a phase bit
+// each time the expected count is reached. Producer and consumer warps hand ring slots over
+// with two of them per slot, without stopping the whole block as __syncthreads() does.
+__device__ inline void mbarrier_init(uint64_t *bar, unsigned expected_arrivals) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(expected_arrivals));
+}
+__device__ inline void mbarrier_arrive(uint64_t *bar) {
+    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(smem_address(bar))
+                 : "memory");
+}
+// The arrival of this thread happens when all of its cp.async copies issued so far have landed.
+// .noinc: the arrival counts against the barrier's expected count (one per producer thread).
+__device__ inline void cp_async_mbarrier_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Wait until the phase with parity `parity` has completed.
+__device__ inline void mbarrier_wait(uint64_t *bar, unsigned parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_address(bar)), "r"(parity)
+                     : "memory");
 }
 
 #endif

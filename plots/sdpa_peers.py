@@ -5,6 +5,10 @@ Same rules as the stages' harness (common/harness.c): random N(0,1) fp16 inputs,
 float64 before timing, CUDA events, warm-up, the median of many runs, L2 flushed before each run,
 and one CSV row per measurement in the same columns. Backends that cannot run a shape are
 reported and skipped. Where PyTorch or a GPU is missing, says so and exits 0.
+
+With --backward, times the backward pass instead (direction `bwd`, FLOPs 2.5x the forward's): the
+forward runs once outside the timed region, then each timed run is one
+torch.autograd.grad(O, (Q, K, V), dO), checked first against float64 autograd on head (0, 0).
 """
 import argparse
 import os
@@ -15,6 +19,7 @@ from cuda_timing import median_ms
 COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
 WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS = 3, 30, 5, 2000.0
 ATOL = RTOL = 4e-3  # the harness's bound (common/check.h)
+BWD_ATOL_RMS, BWD_RTOL = 2e-2, 1e-2  # the harness's backward bound (common/check.h)
 SPIN_CYCLES = 200_000  # ~100 us at the H100's clock: longer than PyTorch's host dispatch
 
 
@@ -52,10 +57,34 @@ def check_error(q, k, v, out, causal):
     return err.max().item(), bool((err <= ATOL + RTOL * ref.abs()).all())
 
 
+def check_grads(q, k, v, d_o, grads, causal):
+    """Max abs error of dQ, dK, dV on head (0, 0) against float64 autograd, and the verdict under
+    the harness's backward bound (relative to each gradient's rms)."""
+    import torch
+    qd, kd, vd = (t[0, 0].double().detach().requires_grad_() for t in (q, k, v))
+    scores = (qd @ kd.T) / (q.shape[-1] ** 0.5)
+    if causal:
+        s = scores.shape[0]
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ vd
+    refs = torch.autograd.grad(out, (qd, kd, vd), d_o[0, 0].double())
+    worst, ok = 0.0, True
+    for got, ref in zip(grads, refs):
+        got = got[0, 0].double()
+        if not torch.isfinite(got).all():
+            return float("inf"), False
+        err = (got - ref).abs()
+        rms = ref.pow(2).mean().sqrt()
+        worst = max(worst, err.max().item())
+        ok = ok and bool((err <= BWD_ATOL_RMS * rms + BWD_RTOL * ref.abs()).all())
+    return worst, ok
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv", required=True, help="CSV file to append rows to")
     parser.add_argument("--shapes", default=os.path.join(os.path.dirname(__file__), "shapes.txt"))
+    parser.add_argument("--backward", action="store_true", help="time the backward pass")
     args = parser.parse_args()
     try:
         import torch
@@ -84,23 +113,33 @@ def main():
         for B, H, S, D, causal in read_shapes(args.shapes):
             gen = torch.Generator(device="cuda").manual_seed(S * 1000 + D * 10 + causal)
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=gen)
-                       for _ in range(3))
+                       .requires_grad_(args.backward) for _ in range(3))
+            d_o = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=gen) if args.backward else None
             for name, backend in backends:
                 label = f"{name:<15} B={B:<2} H={H:<2} S={S:<5} D={D:<3} {'causal' if causal else 'non-causal':<10}"
 
-                def run():
+                def forward():
                     return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
                 # The backend is chosen once, outside the timed region: entering sdpa_kernel costs
                 # tens of microseconds of Python, which would show up in the small shape's time.
                 with sdpa_kernel(backend):
                     try:
-                        out = run()
+                        out = forward()
+                        if args.backward:
+                            def run():
+                                return torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+                            grads = run()
+                        else:
+                            run = forward
                         torch.cuda.synchronize()
                     except RuntimeError as e:
                         print(f"{label} skipped: {str(e).splitlines()[0][:100]}")
                         continue
-                    max_err, ok = check_error(q, k, v, out, causal)
+                    if args.backward:
+                        max_err, ok = check_grads(q, k, v, d_o, grads, causal)
+                    else:
+                        max_err, ok = check_error(q, k, v, out, causal)
                     if not ok:
                         print(f"{label} FAILED check: max abs err {max_err:.3e}")
                         failures += 1
@@ -108,14 +147,17 @@ def main():
                     ms, runs = median_ms(run, WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS,
                                          before_each=lambda i: flush_and_spin(flush, i))
                     median_us = ms * 1e3
-                flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+                    del out
+                flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0) * (2.5 if args.backward else 1.0)
                 tflops = flops / (median_us * 1e-6) * 1e-12
-                gbps = 4 * B * H * S * D * 2 / (median_us * 1e-6) * 1e-9
-                print(f"{label} median {median_us:.1f} us over {runs} runs: {tflops:.2f} TFLOP/s")
-                csv.write(f"{gpu},{name},{B},{H},{S},{D},{causal},fwd,{median_us:.3f},{tflops:.3f},"
+                # Compulsory traffic: Q, K, V (and O, dO) read, O (or dQ, dK, dV) written.
+                gbps = (8 if args.backward else 4) * B * H * S * D * 2 / (median_us * 1e-6) * 1e-9
+                direction = "bwd" if args.backward else "fwd"
+                print(f"{label} {direction} median {median_us:.1f} us over {runs} runs: {tflops:.2f} TFLOP/s")
+                csv.write(f"{gpu},{name},{B},{H},{S},{D},{causal},{direction},{median_us:.3f},{tflops:.3f},"
                           f"{gbps:.1f},{max_err:.3e},{runs},{commit}\n")
                 csv.flush()
-            del q, k, v
+            del q, k, v, d_o
     return 1 if failures else 0
 
 

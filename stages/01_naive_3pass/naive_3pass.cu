@@ -100,4 +100,5 @@ extern "C" const attn_stage STAGE = {
     unsupported_head_dim,
     scores_bytes,
     forward,
+    NULL,  // forward only
 };

@@ -132,4 +132,5 @@ extern "C" const attn_stage STAGE = {
     unsupported_head_dim,
     no_workspace,
     forward,
+    NULL,  // forward only
 };

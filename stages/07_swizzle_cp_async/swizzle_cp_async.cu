@@ -41,14 +41,6 @@ template <int D> struct Layout {
     static constexpr size_t bytes = sizeof(__half) * (BLOCK_ROWS * D + 2 * STAGES * TILE);
 };
 
-// A fragments (ldmatrix x4) of the 16 x 16 block of a swizzled [rows][D] tile at (row0, col0):
-// lanes 0-7 address rows 0-7 at col0, 8-15 rows 8-15 at col0, 16-23 rows 0-7 at col0 + 8,
-// 24-31 rows 8-15 at col0 + 8: registers a0..a3 in mma's A order.
-template <int D>
-__device__ inline void load_a_frag(uint32_t a[4], const __half *tile, int row0, int col0, int lane) {
-    ldmatrix_x4(a, tile + swizzle<D>(row0 + lane % 8 + 8 * (lane / 8 % 2), col0 + 8 * (lane / 16)));
-}
-
 // Blocks per SM the registers must allow: at D = 64 a cap of 168 registers (no spills) fits 3
 // blocks; at D = 128, O alone is 128 registers per thread, and 2 blocks (255 registers) is the most.
 template <int D> constexpr int min_blocks_per_sm() { return D == 64 ? 3 : 2; }
@@ -123,8 +115,7 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
 #pragma unroll
                 for (int n = 0; n < KEY_TILE / 16; n++) {
                     uint32_t b[4];
-                    ldmatrix_x4(b, k_tile + swizzle<D>(n * 16 + lane % 8 + 8 * (lane / 16),
-                                                       kk * 16 + 8 * (lane / 8 % 2)));
+                    load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
 #pragma unroll
                     for (int m = 0; m < ROW_TILES; m++) {
                         mma_m16n8k16(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
@@ -191,8 +182,7 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
 #pragma unroll
                 for (int n = 0; n < D / 16; n++) {
                     uint32_t b[4];
-                    ldmatrix_x4_trans(b, v_tile + swizzle<D>(kk * 16 + lane % 8 + 8 * (lane / 8 % 2),
-                                                             n * 16 + 8 * (lane / 16)));
+                    load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
 #pragma unroll
                     for (int m = 0; m < ROW_TILES; m++) {
                         mma_m16n8k16(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
@@ -245,4 +235,5 @@ extern "C" const attn_stage STAGE = {
     unsupported_head_dim,
     no_workspace,
     forward,
+    NULL,  // forward only
 };

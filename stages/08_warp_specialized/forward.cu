@@ -1,0 +1,250 @@
+// Stage 08, forward - warp specialization: one producer warp moves K/V tiles into a shared-memory
+// ring, four consumer warps only multiply and run the softmax; mbarriers hand ring slots over.
+//
+// The idea: in stage 07 every warp issued its share of the next tile's cp.async and then the
+// whole block met at __syncthreads() twice per tile, so the slowest warp set everyone's pace.
+// Here the roles are split. The producer warp fills slot s of a STAGES-deep ring and its copies
+// arrive on full[s] as they land (cp.async.mbarrier.arrive); a consumer warp waits on full[s],
+// computes, and arrives on empty[s]; the producer waits on empty[s] before refilling it. No
+// block-wide barrier remains inside the loop, and each consumer warp runs ahead as far as the
+// ring allows.
+// What changed from stage 07: the producer warp and the mbarrier pair per slot (wrappers in
+// common/mma_ptx.cuh); a 3-slot ring; the forward also writes each row's log-sum-exp (in log2
+// units) to the workspace, which the backward pass (backward.cu) reads.
+// Limits: mma.sync and mbarrier are sm_80 instructions, so this runs on Ampere too, but it does
+// not use Hopper's wgmma or TMA; all five warps get the registers the consumers need (255 at
+// D = 128), so at D = 128 only one block (4 consumer warps) fits per SM; small problems leave
+// SMs idle (128-row blocks).
+#include <math.h>
+
+#include "kernel_common.cuh"
+#include "mma_ptx.cuh"
+#include "stage08.h"
+
+#define CONSUMERS 4                       // consumer warps; warp CONSUMERS is the producer
+#define ROW_TILES 2                       // 16-row mma tiles per consumer warp
+#define WARP_ROWS (16 * ROW_TILES)
+#define BLOCK_ROWS (CONSUMERS * WARP_ROWS)  // 128 query rows per block
+#define KEY_TILE 64
+#define THREADS (32 * (CONSUMERS + 1))
+#define STAGES 3                          // ring slots
+
+template <int D> struct FwdLayout {
+    static constexpr int TILE = KEY_TILE * D;
+    // 128 bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the fp16 tiles.
+    static constexpr size_t bytes = 128 + sizeof(__half) * (BLOCK_ROWS * D + 2 * STAGES * TILE);
+};
+
+// At D = 64 a cap of 204 registers lets 2 blocks (8 consumer warps) share an SM (ptxas spills a
+// few bytes); at D = 128 the consumers need all 255 and one block is all that fits.
+template <int D> constexpr int fwd_min_blocks() { return D == 64 ? 2 : 1; }
+
+template <int D>
+__global__ void __launch_bounds__(THREADS, fwd_min_blocks<D>())
+warp_specialized_forward(const __half *q, const __half *k, const __half *v, __half *o,
+                         float *lse_log2, int S, float scale, int causal) {
+    using L = FwdLayout<D>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint64_t *full = (uint64_t *)smem;       // [STAGES]: slot s holds a landed tile
+    uint64_t *empty = full + STAGES;         // [STAGES]: all consumers are done with slot s
+    uint64_t *q_full = empty + STAGES;       // Q has landed
+    __half *q_tile = (__half *)(smem + 128);  // [BLOCK_ROWS][D], swizzled
+    __half *k_ring = q_tile + BLOCK_ROWS * D;  // [STAGES][KEY_TILE][D], swizzled
+    __half *v_ring = k_ring + STAGES * L::TILE;
+
+    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const size_t head = (size_t)head_index * S * D;
+    const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
+    const int q0 = q_block * BLOCK_ROWS;
+    const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
+    const int n_tiles = ceil_div(kv_end, KEY_TILE);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbarrier_init(&full[s], 32);         // one arrival per producer lane
+            mbarrier_init(&empty[s], CONSUMERS);  // one arrival per consumer warp
+        }
+        mbarrier_init(q_full, 32);
+    }
+    __syncthreads();  // the only block-wide barrier: the mbarriers exist before anyone uses them
+
+    if (warp == CONSUMERS) {
+        // Producer: 32 lanes, 16 bytes per cp.async. Tile t goes to slot t % STAGES; before its
+        // second and later uses the slot must have been released (empty) by all consumers.
+        for (int i = lane; i < BLOCK_ROWS * (D / 8); i += 32) {
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+            const bool valid = q0 + r < S;
+            cp_async_16(q_tile + swizzle<D>(r, c), q + head + (size_t)(valid ? q0 + r : 0) * D + c, valid);
+        }
+        cp_async_mbarrier_arrive(q_full);
+        for (int tile = 0; tile < n_tiles; tile++) {
+            const int slot = tile % STAGES;
+            if (tile >= STAGES) mbarrier_wait(&empty[slot], (tile / STAGES - 1) & 1);
+            const int k0 = tile * KEY_TILE;
+            for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
+                const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+                const bool valid = k0 + r < S;
+                const size_t src = head + (size_t)(valid ? k0 + r : 0) * D + c;
+                cp_async_16(k_ring + slot * L::TILE + swizzle<D>(r, c), k + src, valid);
+                cp_async_16(v_ring + slot * L::TILE + swizzle<D>(r, c), v + src, valid);
+            }
+            cp_async_mbarrier_arrive(&full[slot]);
+        }
+        cp_async_wait<0>();  // leave no copy in flight when the warp exits
+        return;
+    }
+
+    // Consumers: stage 07's math, with waits on mbarriers instead of __syncthreads().
+    const int g = lane / 4, t = lane % 4;
+    const int warp_row0 = warp * WARP_ROWS;
+    const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    float o_acc[ROW_TILES][D / 8][4];
+    float row_max[ROW_TILES][2], row_sum[ROW_TILES][2];
+#pragma unroll
+    for (int m = 0; m < ROW_TILES; m++) {
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) o_acc[m][j][0] = o_acc[m][j][1] = o_acc[m][j][2] = o_acc[m][j][3] = 0.0f;
+        row_max[m][0] = row_max[m][1] = -INFINITY;
+        row_sum[m][0] = row_sum[m][1] = 0.0f;
+    }
+    mbarrier_wait(q_full, 0);
+
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int slot = tile % STAGES;
+        mbarrier_wait(&full[slot], (tile / STAGES) & 1);
+        const __half *k_tile = k_ring + slot * L::TILE;
+        const __half *v_tile = v_ring + slot * L::TILE;
+        const int k0 = tile * KEY_TILE;
+
+        if (!causal || k0 <= warp_last_query) {
+            float s_acc[ROW_TILES][KEY_TILE / 8][4];
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+                for (int n = 0; n < KEY_TILE / 8; n++) s_acc[m][n][0] = s_acc[m][n][1] = s_acc[m][n][2] = s_acc[m][n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t q_frag[ROW_TILES][4];
+#pragma unroll
+                for (int m = 0; m < ROW_TILES; m++) load_a_frag<D>(q_frag[m], q_tile, warp_row0 + 16 * m, kk * 16, lane);
+#pragma unroll
+                for (int n = 0; n < KEY_TILE / 16; n++) {
+                    uint32_t b[4];
+                    load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
+#pragma unroll
+                    for (int m = 0; m < ROW_TILES; m++) {
+                        mma_m16n8k16(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
+                        mma_m16n8k16(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
+                    }
+                }
+            }
+            if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
+#pragma unroll
+                for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+                    for (int n = 0; n < KEY_TILE / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + n * 8 + 2 * t + (e & 1);
+                            const int query = q0 + warp_row0 + 16 * m + g + (e < 2 ? 0 : 8);
+                            if (key >= S || (causal && key > query)) s_acc[m][n][e] = -INFINITY;
+                        }
+            }
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float tile_max = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < KEY_TILE / 8; n++)
+                        tile_max = fmaxf(tile_max, fmaxf(s_acc[m][n][2 * r], s_acc[m][n][2 * r + 1]));
+                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+                    const float new_max = fmaxf(row_max[m][r], tile_max * scale_log2);
+                    const float alpha = exp2f(row_max[m][r] - new_max);
+                    row_max[m][r] = new_max;
+                    float tile_sum = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < KEY_TILE / 8; n++)
+#pragma unroll
+                        for (int e = 2 * r; e < 2 * r + 2; e++) {
+                            s_acc[m][n][e] = exp2f(s_acc[m][n][e] * scale_log2 - new_max);
+                            tile_sum += s_acc[m][n][e];
+                        }
+                    row_sum[m][r] = row_sum[m][r] * alpha + tile_sum;
+#pragma unroll
+                    for (int j = 0; j < D / 8; j++) o_acc[m][j][2 * r] *= alpha, o_acc[m][j][2 * r + 1] *= alpha;
+                }
+#pragma unroll
+            for (int kk = 0; kk < KEY_TILE / 16; kk++) {
+                uint32_t p_frag[ROW_TILES][4];
+#pragma unroll
+                for (int m = 0; m < ROW_TILES; m++) {
+                    p_frag[m][0] = pack_half2(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
+                    p_frag[m][1] = pack_half2(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
+                    p_frag[m][2] = pack_half2(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
+                    p_frag[m][3] = pack_half2(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int n = 0; n < D / 16; n++) {
+                    uint32_t b[4];
+                    load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
+#pragma unroll
+                    for (int m = 0; m < ROW_TILES; m++) {
+                        mma_m16n8k16(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
+                        mma_m16n8k16(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncwarp();                             // the whole warp is done reading the slot ...
+        if (lane == 0) mbarrier_arrive(&empty[slot]);  // ... so it may be refilled
+    }
+
+    // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
+#pragma unroll
+    for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = row_sum[m][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = 1.0f / l;
+            const int query = q0 + warp_row0 + 16 * m + g + 8 * r;
+            if (query < S) {
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
+                        __floats2half2_rn(o_acc[m][j][2 * r] * inv, o_acc[m][j][2 * r + 1] * inv);
+                if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[m][r] + log2f(l);
+            }
+        }
+}
+
+template <int D>
+static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    const size_t smem = FwdLayout<D>::bytes;
+    cudaError_t err = allow_dynamic_smem(warp_specialized_forward<D>, smem);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
+    warp_specialized_forward<D><<<grid, THREADS, smem, stream>>>(
+        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o,
+        stage08_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal);
+    return cudaGetLastError();
+}
+
+cudaError_t stage08_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    return s->dim == 64 ? launch_forward<64>(s, t, stream) : launch_forward<128>(s, t, stream);
+}
+
+extern "C" const attn_stage STAGE = {
+    "08_warp_specialized",
+    "producer/consumer warps with mbarrier hand-off; FlashAttention-2 backward (dK/dV and dQ kernels)",
+    unsupported_head_dim,
+    stage08_workspace_bytes,
+    stage08_forward,
+    stage08_backward,
+};
