@@ -87,7 +87,9 @@ replace_block() {
 status=0
 process() {  # process FILE KEY (table on stdin)
     local file=$1 key=$2 new
-    grep -qF "<!-- measured:$key:begin -->" "$file" || return 0
+    # A file without the block (a lesson with no measurements yet) still reads the table, so
+    # the generator never dies of SIGPIPE, which pipefail would turn into a failed check.
+    grep -qF "<!-- measured:$key:begin -->" "$file" || { cat >/dev/null; return 0; }
     new=$(replace_block "$file" "$key")
     if [ "$mode" = --update ]; then
         printf '%s\n' "$new" >"$file"
