@@ -52,6 +52,49 @@ static void scan_output(const uint16_t *out, size_t n, check_result *r) {
     }
 }
 
+// One compared row: its errors and whether it broke a bound.
+typedef struct {
+    double max_abs, err_sq, ref_sq;  // over the row's finite elements
+    size_t over;                     // elements over the element bound
+    int over_rel_l2;                 // the row's relative L2 error is over its bound
+    size_t first_bad;                // flat index of the first failing element, or of the row
+    double bad_out, bad_ref;
+} row_errors;
+
+// Compares D fp16 outputs at out[base..] with their float64 reference: per element
+// |out - ref| <= atol + rtol |ref|; per row relative L2 <= row_rel_l2, on rows whose squared norm
+// is over min_ref_sq (a row of exact zeros has no relative error to speak of). Non-finite outputs
+// are skipped: scan_output counts them.
+static row_errors compare_row(const uint16_t *out, size_t base, const double *ref, int D, double atol,
+                              double rtol, double row_rel_l2, double min_ref_sq) {
+    row_errors e = {0};
+    e.first_bad = (size_t)-1;
+    for (int d = 0; d < D; d++) {
+        const double o = half_to_float(out[base + d]);
+        if (!isfinite(o)) continue;
+        const double err = fabs(o - ref[d]);
+        e.err_sq += err * err;
+        e.ref_sq += ref[d] * ref[d];
+        if (err > e.max_abs) e.max_abs = err;
+        if (err > atol + rtol * fabs(ref[d]) && e.over++ == 0)
+            e.first_bad = base + d, e.bad_out = o, e.bad_ref = ref[d];
+    }
+    e.over_rel_l2 = e.ref_sq > min_ref_sq && sqrt(e.err_sq / e.ref_sq) > row_rel_l2;
+    if (e.over_rel_l2 && e.first_bad == (size_t)-1)  // report the row's first element
+        e.first_bad = base, e.bad_out = half_to_float(out[base]), e.bad_ref = ref[0];
+    return e;
+}
+
+// Adds one compared row to the result and to the running squared sums.
+static void add_row(check_result *r, const row_errors *e, double *err_sq, double *ref_sq) {
+    r->rows_over_rel_l2 += e->over_rel_l2;
+    r->over_tolerance += e->over;
+    *err_sq += e->err_sq;
+    *ref_sq += e->ref_sq;
+    if (e->max_abs > r->max_abs_err) r->max_abs_err = e->max_abs;
+    if (e->over || e->over_rel_l2) note_bad(r, e->first_bad, e->bad_out, e->bad_ref);
+}
+
 check_result check_output(const attn_shape *shape, const float *q, const float *k, const float *v,
                           const uint16_t *out) {
     const int B = shape->batch, H = shape->heads, S = shape->seq, D = shape->dim;
@@ -93,41 +136,10 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
             reference_row(shape, q, k, v, b, h, row, scores, ref_row);
 
             const size_t base = (((size_t)b * H + h) * S + row) * D;
-            double row_max_abs = 0.0, row_err_sq = 0.0, row_ref_sq = 0.0;
-            size_t row_over = 0, row_first_bad = (size_t)-1;
-            double bad_out = 0.0, bad_ref = 0.0;
-            for (int d = 0; d < D; d++) {
-                const double o = half_to_float(out[base + d]);
-                if (!isfinite(o)) continue;  // already counted in step 1
-                const double err = fabs(o - ref_row[d]);
-                row_err_sq += err * err;
-                row_ref_sq += ref_row[d] * ref_row[d];
-                if (err > row_max_abs) row_max_abs = err;
-                if (err > CHECK_ATOL + CHECK_RTOL * fabs(ref_row[d])) {
-                    if (row_over++ == 0) {
-                        row_first_bad = base + d;
-                        bad_out = o;
-                        bad_ref = ref_row[d];
-                    }
-                }
-            }
-            // Rows of exact zeros (possible only with --load) have no relative error to speak of.
-            const int row_over_l2 =
-                row_ref_sq > 0.0 && sqrt(row_err_sq / row_ref_sq) > CHECK_ROW_REL_L2;
-            if (row_over_l2 && row_first_bad == (size_t)-1) {
-                row_first_bad = base;  // report the row's first element
-                bad_out = half_to_float(out[base]);
-                bad_ref = ref_row[0];
-            }
+            const row_errors e =
+                compare_row(out, base, ref_row, D, CHECK_ATOL, CHECK_RTOL, CHECK_ROW_REL_L2, 0.0);
             OMP_CRITICAL
-            {
-                r.rows_over_rel_l2 += row_over_l2;
-                err_sq += row_err_sq;
-                ref_sq += row_ref_sq;
-                if (row_max_abs > r.max_abs_err) r.max_abs_err = row_max_abs;
-                r.over_tolerance += row_over;
-                if (row_over || row_over_l2) note_bad(&r, row_first_bad, bad_out, bad_ref);
-            }
+            add_row(&r, &e, &err_sq, &ref_sq);
         }
         free(scores);
         free(ref_row);
@@ -240,31 +252,13 @@ check_bwd_result check_backward(const attn_shape *shape, const float *q, const f
             check_result *c = r[g->tensor];
             const double rms = sqrt(head_ref_sq[g->tensor] / ((double)rows_per_head * D));
             const size_t base = ((size_t)g->bh * S + g->row) * D;
-            double row_err_sq = 0.0, row_ref_sq = 0.0;
-            size_t row_bad = (size_t)-1;
-            for (int d = 0; d < D; d++) {
-                const double out = half_to_float(grads[g->tensor][base + d]);
-                if (!isfinite(out)) continue;  // counted by the scan
-                const double want = ref[i * D + d], err = fabs(out - want);
-                row_err_sq += err * err;
-                row_ref_sq += want * want;
-                if (err > c->max_abs_err) c->max_abs_err = err;
-                if (err > CHECK_BWD_ATOL + CHECK_BWD_ATOL_RMS * rms + CHECK_BWD_RTOL * fabs(want)) {
-                    c->over_tolerance++;
-                    if (row_bad == (size_t)-1) row_bad = base + d, note_bad(c, base + d, out, want);
-                }
-            }
-            err_sq[g->tensor] += row_err_sq;
-            ref_sq[g->tensor] += row_ref_sq;
             // A row's relative error only means something when the row is not ~0 (dQ of the first
             // causal rows, dK and dV of keys few queries attend to); those fall under the element
             // bound alone.
-            if (row_ref_sq > 1e-2 * head_ref_sq[g->tensor] / rows_per_head &&
-                sqrt(row_err_sq / row_ref_sq) > CHECK_BWD_ROW_REL_L2) {
-                c->rows_over_rel_l2++;
-                if (row_bad == (size_t)-1)
-                    note_bad(c, base, half_to_float(grads[g->tensor][base]), ref[i * D]);
-            }
+            const row_errors e = compare_row(grads[g->tensor], base, ref + i * D, D,
+                                             CHECK_BWD_ATOL + CHECK_BWD_ATOL_RMS * rms, CHECK_BWD_RTOL,
+                                             CHECK_BWD_ROW_REL_L2, 1e-2 * head_ref_sq[g->tensor] / rows_per_head);
+            add_row(c, &e, &err_sq[g->tensor], &ref_sq[g->tensor]);
         }
     }
     for (int t = 0; t < 3; t++)
