@@ -84,7 +84,7 @@ __device__ inline void product_pb(float out[D / 8][4], const float p[K / 8][4], 
     }
 }
 
-template <int D, int N>
+template <int N>
 __device__ inline void zero(float acc[N][4]) {
 #pragma unroll
     for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -139,8 +139,8 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
     }
 
     float dk_acc[D / 8][4], dv_acc[D / 8][4];
-    zero<D, D / 8>(dk_acc);
-    zero<D, D / 8>(dv_acc);
+    zero<D / 8>(dk_acc);
+    zero<D / 8>(dv_acc);
     const int key_lo = j0 + warp * 16 + g;  // this thread's keys: key_lo, key_lo + 8
 
     for (int tile = first_tile; tile < n_tiles; tile++) {
@@ -151,7 +151,7 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
 
         // Sᵀ = K Qᵀ (16 keys x QT queries per warp), then Pᵀ in place.
         float p[QT / 8][4];
-        zero<D, QT / 8>(p);
+        zero<QT / 8>(p);
         product_abt<D, QT>(p, k_tile, warp * 16, q_tile, lane);
         const bool masked = i0 + QT > S || (causal && i0 < j0 + BWD_ROWS);
 #pragma unroll
@@ -174,7 +174,7 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
 
         // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ - D_query) in place, then dK += dSᵀ Q.
         float ds[QT / 8][4];
-        zero<D, QT / 8>(ds);
+        zero<QT / 8>(ds);
         product_abt<D, QT>(ds, v_tile, warp * 16, do_tile, lane);
 #pragma unroll
         for (int n = 0; n < QT / 8; n++)
@@ -242,7 +242,7 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
         d_i[r] = query < S ? delta[(size_t)head_index * S + query] : 0.0f;
     }
     float dq_acc[D / 8][4];
-    zero<D, D / 8>(dq_acc);
+    zero<D / 8>(dq_acc);
 
     for (int tile = 0; tile < n_tiles; tile++) {
         cp_async_wait<1>();
@@ -252,8 +252,8 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
 
         // S = Q Kᵀ, P in place; dP = dO Vᵀ; dS = P ∘ (dP - D) in place; dQ += dS K.
         float p[KT / 8][4], ds[KT / 8][4];
-        zero<D, KT / 8>(p);
-        zero<D, KT / 8>(ds);
+        zero<KT / 8>(p);
+        zero<KT / 8>(ds);
         product_abt<D, KT>(p, q_tile, warp * 16, k_tile, lane);
         product_abt<D, KT>(ds, do_tile, warp * 16, v_tile, lane);
         const bool masked = k0 + KT > S || (causal && k0 + KT - 1 > i0);
