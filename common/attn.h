@@ -43,6 +43,9 @@ typedef struct {
     // Enqueue the backward pass (dQ, dK, dV from Q, K, V, O, dO and whatever the forward left in
     // the workspace); NULL for the forward-only stages.
     cudaError_t (*backward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
+    // 1 when the kernels use sm_90a instructions (wgmma, setmaxnreg): they run on compute
+    // capability 9.0 (H100, H200) only, and the harness skips other GPUs with a message.
+    int needs_sm90a;
 } attn_stage;
 
 // Defined by the stage being built into this executable.

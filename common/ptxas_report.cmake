@@ -4,7 +4,7 @@ separate_arguments(sources NATIVE_COMMAND "${SOURCES}")
 set(report "")
 foreach(src IN LISTS sources)
   execute_process(
-    COMMAND ${NVCC} -std=c++17 -O3 -arch=sm_${ARCH} -cubin -o /dev/null -I${INCLUDE}
+    COMMAND ${NVCC} -std=c++17 -O3 -gencode=arch=compute_${ARCH},code=sm_${ARCH} -cubin -o /dev/null -I${INCLUDE}
             -Xptxas -v ${src}
     RESULT_VARIABLE status
     OUTPUT_VARIABLE out

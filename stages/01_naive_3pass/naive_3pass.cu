@@ -101,4 +101,5 @@ extern "C" const attn_stage STAGE = {
     scores_bytes,
     forward,
     NULL,  // forward only
+    0,     // any GPU from sm_80
 };

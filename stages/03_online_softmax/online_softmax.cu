@@ -99,4 +99,5 @@ extern "C" const attn_stage STAGE = {
     no_workspace,
     forward,
     NULL,  // forward only
+    0,     // any GPU from sm_80
 };

@@ -1,238 +1,229 @@
-// Stage 08, forward - warp specialization: one producer warp moves K/V tiles into a shared-memory
-// ring, four consumer warps only multiply and run the softmax; mbarriers hand ring slots over.
+// Stage 08, forward - warp specialization on Hopper: a producer warpgroup feeds K/V tiles with the
+// copy engine (TMA), two consumer warpgroups multiply with wgmma and run the softmax; mbarriers
+// hand the slots of a shared-memory ring over.
 //
-// The idea: in stage 07 every warp issued its share of the next tile's cp.async and then the
-// whole block met at __syncthreads() twice per tile, so the slowest warp set everyone's pace.
-// Here the roles are split. The producer warp fills slot s of a STAGES-deep ring and its copies
-// arrive on full[s] as they land (cp.async.mbarrier.arrive); a consumer warp waits on full[s],
-// computes, and arrives on empty[s]; the producer waits on empty[s] before refilling it. No
-// block-wide barrier remains inside the loop, and each consumer warp runs ahead as far as the
-// ring allows.
-// What changed from stage 07: the producer warp and the mbarrier pair per slot (wrappers in
-// common/mma_ptx.cuh); a 3-slot ring; the forward also writes each row's log-sum-exp (in log2
-// units) to the workspace, which the backward pass (backward.cu) reads.
-// Limits: mma.sync and mbarrier are sm_80 instructions, so this runs on Ampere too, but it does
-// not use Hopper's wgmma or TMA; all five warps get the registers the consumers need (255 at
-// D = 128), so at D = 128 only one block (4 consumer warps) fits per SM; small problems leave
-// SMs idle (128-row blocks).
+// The idea: in stage 07 every warp issued its share of the next tile's copies and the whole block
+// met at __syncthreads() twice per tile; each warp also pulled every K and V fragment through its
+// own registers with ldmatrix before mma.sync could use it. Here the roles are split and the
+// tensor cores read shared memory themselves:
+//   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for Q once, then for
+//     each K/V tile into ring slot t % STAGES, after the consumers released it (empty[slot]);
+//     the copy engine counts the bytes onto full[slot].
+//   consumers (warpgroups 1, 2; 64 query rows each): wait full[slot], S = Q Kᵀ with wgmma
+//     (both operands in shared memory), mask and online softmax in registers, O += P V with wgmma
+//     (P from registers, V from shared memory), arrive on empty[slot].
+// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240).
+// What changed from stage 07: roles, TMA, wgmma and setmaxnreg, the 128-byte swizzle that TMA
+// writes and wgmma reads (common/wgmma_ptx.cuh), 128 x 128 tiles; the forward also writes each
+// row's log-sum-exp (log2 units) to the workspace for the backward pass (backward.cu).
+// Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); inside
+// a consumer warpgroup the softmax waits for its S product and the P V product for the softmax:
+// only the other warpgroup overlaps them (FlashAttention-3 also pipelines within a group).
 #include <math.h>
 
 #include "kernel_common.cuh"
-#include "mma_ptx.cuh"
 #include "stage08.h"
+#include "wgmma_ptx.cuh"
 
-#define CONSUMERS 4                       // consumer warps; warp CONSUMERS is the producer
-#define ROW_TILES 2                       // 16-row mma tiles per consumer warp
-#define WARP_ROWS (16 * ROW_TILES)
-#define BLOCK_ROWS (CONSUMERS * WARP_ROWS)  // 128 query rows per block
-#define KEY_TILE 64
-#define THREADS (32 * (CONSUMERS + 1))
-#define STAGES 3                          // ring slots
+#define CONSUMER_GROUPS 2
+#define GROUP_ROWS 64                                // one wgmma M per consumer warpgroup
+#define BLOCK_ROWS (CONSUMER_GROUPS * GROUP_ROWS)  // 128 query rows per block
+#define KEY_TILE 128
+#define THREADS (128 * (CONSUMER_GROUPS + 1))      // producer warpgroup + consumer warpgroups
+#define SLAB 64                                      // fp16 columns per 128-byte swizzled slab
 
 template <int D> struct FwdLayout {
-    static constexpr int TILE = KEY_TILE * D;
-    // 128 bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the fp16 tiles.
-    static constexpr size_t bytes = 128 + sizeof(__half) * (BLOCK_ROWS * D + 2 * STAGES * TILE);
+    static constexpr int STAGES = D == 64 ? 3 : 2;  // ring slots: as many as fit next to Q
+    static constexpr int Q_ELEMS = BLOCK_ROWS * D;
+    static constexpr int TILE_ELEMS = KEY_TILE * D;
+    // Q [D/64][BLOCK_ROWS][64], K and V rings [STAGES][D/64][KEY_TILE][64], then the mbarriers;
+    // 1024 spare bytes to align the start to a swizzle atom.
+    static constexpr size_t bytes =
+        1024 + sizeof(__half) * (Q_ELEMS + 2 * STAGES * TILE_ELEMS) + sizeof(uint64_t) * (2 * STAGES + 1);
 };
 
-// At D = 64 a cap of 204 registers lets 2 blocks (8 consumer warps) share an SM (ptxas spills a
-// few bytes); at D = 128 the consumers need all 255 and one block is all that fits.
-template <int D> constexpr int fwd_min_blocks() { return D == 64 ? 2 : 1; }
-
 template <int D>
-__global__ void __launch_bounds__(THREADS, fwd_min_blocks<D>())
-warp_specialized_forward(const __half *q, const __half *k, const __half *v, __half *o,
-                         float *lse_log2, int S, float scale, int causal) {
+__global__ void __launch_bounds__(THREADS, 1)
+wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+              const __grid_constant__ CUtensorMap v_map, __half *o, float *lse_log2, int S, float scale,
+              int causal) {
+#if FLASH_STAGES_SM90A
     using L = FwdLayout<D>;
-    extern __shared__ __align__(128) unsigned char smem[];
-    uint64_t *full = (uint64_t *)smem;       // [STAGES]: slot s holds a landed tile
-    uint64_t *empty = full + STAGES;         // [STAGES]: all consumers are done with slot s
-    uint64_t *q_full = empty + STAGES;       // Q has landed
-    __half *q_tile = (__half *)(smem + 128);  // [BLOCK_ROWS][D], swizzled
-    __half *k_ring = q_tile + BLOCK_ROWS * D;  // [STAGES][KEY_TILE][D], swizzled
-    __half *v_ring = k_ring + STAGES * L::TILE;
+    constexpr int STAGES = L::STAGES;
+    extern __shared__ unsigned char smem_raw[];
+    __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    __half *k_ring = q_tile + L::Q_ELEMS;
+    __half *v_ring = k_ring + STAGES * L::TILE_ELEMS;
+    uint64_t *full = (uint64_t *)(v_ring + STAGES * L::TILE_ELEMS);  // [STAGES]: K/V tile landed
+    uint64_t *empty = full + STAGES;                                // [STAGES]: consumers done
+    uint64_t *q_full = empty + STAGES;
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
-    const size_t head = (size_t)head_index * S * D;
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int q0 = q_block * BLOCK_ROWS;
     const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
     const int n_tiles = ceil_div(kv_end, KEY_TILE);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbarrier_init(&full[s], 32);         // one arrival per producer lane
-            mbarrier_init(&empty[s], CONSUMERS);  // one arrival per consumer warp
+            mbarrier_init(&full[s], 1);                      // the producer's expect_tx arrival
+            mbarrier_init(&empty[s], 4 * CONSUMER_GROUPS);  // one arrival per consumer warp
         }
-        mbarrier_init(q_full, 32);
+        mbarrier_init(q_full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
     }
-    __syncthreads();  // the only block-wide barrier: the mbarriers exist before anyone uses them
+    __syncthreads();
 
-    if (warp == CONSUMERS) {
-        // Producer: 32 lanes, 16 bytes per cp.async. Tile t goes to slot t % STAGES; before its
-        // second and later uses the slot must have been released (empty) by all consumers.
-        for (int i = lane; i < BLOCK_ROWS * (D / 8); i += 32) {
-            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-            const bool valid = q0 + r < S;
-            cp_async_16(q_tile + swizzle<D>(r, c), q + head + (size_t)(valid ? q0 + r : 0) * D + c, valid);
+    if (group == 0) {
+        // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab.
+        setmaxnreg_dec<24>();
+        if (threadIdx.x == 0) {
+            mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
+            for (int c = 0; c < D / SLAB; c++)
+                tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
+            for (int tile = 0; tile < n_tiles; tile++) {
+                const int slot = tile % STAGES;
+                if (tile >= STAGES) mbarrier_wait(&empty[slot], (tile / STAGES - 1) & 1);
+                mbarrier_arrive_expect_tx(&full[slot], 2 * sizeof(__half) * L::TILE_ELEMS);
+                for (int c = 0; c < D / SLAB; c++) {
+                    const int dst = slot * L::TILE_ELEMS + c * KEY_TILE * SLAB;
+                    tma_load_3d(k_ring + dst, &k_map, c * SLAB, tile * KEY_TILE, head_index, &full[slot]);
+                    tma_load_3d(v_ring + dst, &v_map, c * SLAB, tile * KEY_TILE, head_index, &full[slot]);
+                }
+            }
         }
-        cp_async_mbarrier_arrive(q_full);
+    } else {
+        setmaxnreg_inc<240>();
+        const int consumer = group - 1;
+        const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        const int warp_row0 = consumer * GROUP_ROWS + (threadIdx.x % 128) / 32 * 16;  // in the block
+        const float scale_log2 = scale * 1.4426950408889634f;
+
+        float o_acc[D / 2];  // [D/8 n8 blocks][4], the wgmma accumulator layout
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) o_acc[i] = 0.0f;
+        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+        const __half *q_group = q_tile + consumer * GROUP_ROWS * SLAB;
+        mbarrier_wait(q_full, 0);
+
         for (int tile = 0; tile < n_tiles; tile++) {
             const int slot = tile % STAGES;
-            if (tile >= STAGES) mbarrier_wait(&empty[slot], (tile / STAGES - 1) & 1);
             const int k0 = tile * KEY_TILE;
-            for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
-                const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-                const bool valid = k0 + r < S;
-                const size_t src = head + (size_t)(valid ? k0 + r : 0) * D + c;
-                cp_async_16(k_ring + slot * L::TILE + swizzle<D>(r, c), k + src, valid);
-                cp_async_16(v_ring + slot * L::TILE + swizzle<D>(r, c), v + src, valid);
-            }
-            cp_async_mbarrier_arrive(&full[slot]);
-        }
-        cp_async_wait<0>();  // leave no copy in flight when the warp exits
-        return;
-    }
+            const __half *k_tile = k_ring + slot * L::TILE_ELEMS;
+            const __half *v_tile = v_ring + slot * L::TILE_ELEMS;
+            mbarrier_wait(&full[slot], (tile / STAGES) & 1);
 
-    // Consumers: stage 07's math, with waits on mbarriers instead of __syncthreads().
-    const int g = lane / 4, t = lane % 4;
-    const int warp_row0 = warp * WARP_ROWS;
-    const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
-    const float scale_log2 = scale * 1.4426950408889634f;
-
-    float o_acc[ROW_TILES][D / 8][4];
-    float row_max[ROW_TILES][2], row_sum[ROW_TILES][2];
-#pragma unroll
-    for (int m = 0; m < ROW_TILES; m++) {
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) o_acc[m][j][0] = o_acc[m][j][1] = o_acc[m][j][2] = o_acc[m][j][3] = 0.0f;
-        row_max[m][0] = row_max[m][1] = -INFINITY;
-        row_sum[m][0] = row_sum[m][1] = 0.0f;
-    }
-    mbarrier_wait(q_full, 0);
-
-    for (int tile = 0; tile < n_tiles; tile++) {
-        const int slot = tile % STAGES;
-        mbarrier_wait(&full[slot], (tile / STAGES) & 1);
-        const __half *k_tile = k_ring + slot * L::TILE;
-        const __half *v_tile = v_ring + slot * L::TILE;
-        const int k0 = tile * KEY_TILE;
-
-        if (!causal || k0 <= warp_last_query) {
-            float s_acc[ROW_TILES][KEY_TILE / 8][4];
-#pragma unroll
-            for (int m = 0; m < ROW_TILES; m++)
-#pragma unroll
-                for (int n = 0; n < KEY_TILE / 8; n++) s_acc[m][n][0] = s_acc[m][n][1] = s_acc[m][n][2] = s_acc[m][n][3] = 0.0f;
+            // S = Q Kᵀ: 64 rows x 128 keys, k = 16 columns of D per instruction. Both operands are
+            // K-major: step kk starts 32 bytes further into the 128-byte row of slab kk / 4.
+            float s_acc[KEY_TILE / 2];
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t q_frag[ROW_TILES][4];
-#pragma unroll
-                for (int m = 0; m < ROW_TILES; m++) load_a_frag<D>(q_frag[m], q_tile, warp_row0 + 16 * m, kk * 16, lane);
-#pragma unroll
-                for (int n = 0; n < KEY_TILE / 16; n++) {
-                    uint32_t b[4];
-                    load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
-#pragma unroll
-                    for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
-                        mma_m16n8k16(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
-                    }
-                }
+                const int slab = kk / 4, col = kk % 4 * 16;
+                wgmma_m64n128k16_ss(s_acc, smem_desc_sw128(q_group + slab * BLOCK_ROWS * SLAB + col, 16, 1024),
+                                    smem_desc_sw128(k_tile + slab * KEY_TILE * SLAB + col, 16, 1024), kk > 0);
             }
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < KEY_TILE / 2; i++) fence_operand(s_acc[i]);
+
             if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
 #pragma unroll
-                for (int m = 0; m < ROW_TILES; m++)
+                for (int j = 0; j < KEY_TILE / 8; j++)
 #pragma unroll
-                    for (int n = 0; n < KEY_TILE / 8; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int key = k0 + n * 8 + 2 * t + (e & 1);
-                            const int query = q0 + warp_row0 + 16 * m + g + (e < 2 ? 0 : 8);
-                            if (key >= S || (causal && key > query)) s_acc[m][n][e] = -INFINITY;
-                        }
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + 8 * j + 2 * t + (e & 1);
+                        const int query = q0 + warp_row0 + g + (e < 2 ? 0 : 8);
+                        if (key >= S || (causal && key > query)) s_acc[4 * j + e] = -INFINITY;
+                    }
             }
+            // Online softmax for this thread's two rows (g and g + 8), as in stage 07.
 #pragma unroll
-            for (int m = 0; m < ROW_TILES; m++)
+            for (int r = 0; r < 2; r++) {
+                float tile_max = -INFINITY;
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float tile_max = -INFINITY;
+                for (int j = 0; j < KEY_TILE / 8; j++)
+                    tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * j + 2 * r], s_acc[4 * j + 2 * r + 1]));
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+                const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
+                const float alpha = exp2f(row_max[r] - new_max);
+                row_max[r] = new_max;
+                float tile_sum = 0.0f;
 #pragma unroll
-                    for (int n = 0; n < KEY_TILE / 8; n++)
-                        tile_max = fmaxf(tile_max, fmaxf(s_acc[m][n][2 * r], s_acc[m][n][2 * r + 1]));
-                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-                    const float new_max = fmaxf(row_max[m][r], tile_max * scale_log2);
-                    const float alpha = exp2f(row_max[m][r] - new_max);
-                    row_max[m][r] = new_max;
-                    float tile_sum = 0.0f;
+                for (int j = 0; j < KEY_TILE / 8; j++)
 #pragma unroll
-                    for (int n = 0; n < KEY_TILE / 8; n++)
+                    for (int e = 2 * r; e < 2 * r + 2; e++) {
+                        s_acc[4 * j + e] = exp2f(s_acc[4 * j + e] * scale_log2 - new_max);
+                        tile_sum += s_acc[4 * j + e];
+                    }
+                row_sum[r] = row_sum[r] * alpha + tile_sum;
 #pragma unroll
-                        for (int e = 2 * r; e < 2 * r + 2; e++) {
-                            s_acc[m][n][e] = exp2f(s_acc[m][n][e] * scale_log2 - new_max);
-                            tile_sum += s_acc[m][n][e];
-                        }
-                    row_sum[m][r] = row_sum[m][r] * alpha + tile_sum;
+                for (int j = 0; j < D / 8; j++) o_acc[4 * j + 2 * r] *= alpha, o_acc[4 * j + 2 * r + 1] *= alpha;
+            }
+
+            // O += P V: P (fp16) is the A operand straight from registers; V is N-major, so step kk
+            // (16 keys) starts 16 rows = 2 atoms further, and its 64-column slabs are a tile apart.
+            uint32_t p_frag[KEY_TILE / 16][4];
 #pragma unroll
-                    for (int j = 0; j < D / 8; j++) o_acc[m][j][2 * r] *= alpha, o_acc[m][j][2 * r + 1] *= alpha;
-                }
+            for (int kk = 0; kk < KEY_TILE / 16; kk++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) p_frag[kk][i] = pack_half2(s_acc[8 * kk + 2 * i], s_acc[8 * kk + 2 * i + 1]);
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KEY_TILE / 16; kk++) {
-                uint32_t p_frag[ROW_TILES][4];
-#pragma unroll
-                for (int m = 0; m < ROW_TILES; m++) {
-                    p_frag[m][0] = pack_half2(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
-                    p_frag[m][1] = pack_half2(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
-                    p_frag[m][2] = pack_half2(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
-                    p_frag[m][3] = pack_half2(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int n = 0; n < D / 16; n++) {
-                    uint32_t b[4];
-                    load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
-#pragma unroll
-                    for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
-                        mma_m16n8k16(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
-                    }
-                }
+                const uint64_t v_desc = smem_desc_sw128(v_tile + kk * 16 * SLAB, KEY_TILE * SLAB * sizeof(__half), 1024);
+                if constexpr (D == 64)
+                    wgmma_m64n64k16_rs_tn(o_acc, p_frag[kk], v_desc);
+                else
+                    wgmma_m64n128k16_rs_tn(o_acc, p_frag[kk], v_desc);
             }
-        }
-        __syncwarp();                             // the whole warp is done reading the slot ...
-        if (lane == 0) mbarrier_arrive(&empty[slot]);  // ... so it may be refilled
-    }
-
-    // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
+            wgmma_commit();
+            wgmma_wait<0>();
 #pragma unroll
-    for (int m = 0; m < ROW_TILES; m++)
+            for (int i = 0; i < D / 2; i++) fence_operand(o_acc[i]);
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&empty[slot]);  // this warp no longer reads the slot
+        }
+
+        // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
+        const size_t head = (size_t)head_index * S * D;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float l = row_sum[m][r];
+            float l = row_sum[r];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const float inv = 1.0f / l;
-            const int query = q0 + warp_row0 + 16 * m + g + 8 * r;
+            const int query = q0 + warp_row0 + g + 8 * r;
             if (query < S) {
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
                     *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
-                        __floats2half2_rn(o_acc[m][j][2 * r] * inv, o_acc[m][j][2 * r + 1] * inv);
-                if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[m][r] + log2f(l);
+                        __floats2half2_rn(o_acc[4 * j + 2 * r] * inv, o_acc[4 * j + 2 * r + 1] * inv);
+                if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
             }
         }
+    }
+#else
+    (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal;
+#endif
 }
 
 template <int D>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    const int heads_total = s->batch * s->heads;
+    CUtensorMap q_map, k_map, v_map;
+    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, BLOCK_ROWS);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
     const size_t smem = FwdLayout<D>::bytes;
-    cudaError_t err = allow_dynamic_smem(warp_specialized_forward<D>, smem);
+    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D>, smem);
     if (err != cudaSuccess) return err;
     const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
-    warp_specialized_forward<D><<<grid, THREADS, smem, stream>>>(
-        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o,
-        stage08_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal);
+    wgmma_forward<D><<<grid, THREADS, smem, stream>>>(q_map, k_map, v_map, (__half *)t->o, stage08_lse(s, t),
+                                                      s->seq, 1.0f / sqrtf((float)s->dim), s->causal);
     return cudaGetLastError();
 }
 
@@ -242,9 +233,11 @@ cudaError_t stage08_forward(const attn_shape *s, const attn_tensors *t, cudaStre
 
 extern "C" const attn_stage STAGE = {
     "08_warp_specialized",
-    "producer/consumer warps with mbarrier hand-off; FlashAttention-2 backward (dK/dV and dQ kernels)",
+    "producer warpgroup (TMA) and consumer warpgroups (wgmma) with mbarrier hand-off; FlashAttention-2 "
+    "backward (dK/dV and dQ kernels)",
     unsupported_head_dim,
     stage08_workspace_bytes,
     stage08_forward,
     stage08_backward,
+    1,  // wgmma, setmaxnreg: sm_90a
 };

@@ -1,0 +1,164 @@
+// wgmma_ptx.cuh - wrappers over the Hopper (sm_90a) instructions stage 08 uses: wgmma (warpgroup
+// matrix multiply-accumulate, operands read from shared memory by the tensor cores), the copy
+// engine's tiled loads (TMA, cp.async.bulk.tensor) that complete on an mbarrier, and setmaxnreg.
+//
+// A warpgroup is 4 consecutive warps (128 threads, the first warp index a multiple of 4). One
+// wgmma.m64nNk16 computes a 64 x N tile with K = 16; warp w of the group owns rows 16w..16w+15 and
+// holds them in exactly the mma.sync C layout (common/mma_ptx.cuh): for each n8 block j,
+// d[4j], d[4j+1] = row g, columns 8j+2t, 8j+2t+1 and d[4j+2], d[4j+3] = row g+8 (g = lane / 4,
+// t = lane % 4). An A operand from registers uses mma.sync's A layout, so stage 07's S -> P
+// packing carries over unchanged.
+//
+// Shared-memory operands are described by a 64-bit descriptor, not by per-lane addresses. Every
+// tile here uses the 128-byte swizzle, which is also what TMA writes with
+// CU_TENSOR_MAP_SWIZZLE_128B: a tile is stored as slabs of 64 fp16 columns (128 bytes a row),
+// and inside a slab the 16-byte chunk c of row r sits at chunk c ^ (r % 8) - stage 07's swizzle,
+// with the row pitch fixed at 128 bytes. 8 rows form a 1024-byte atom; tiles start 1024-aligned.
+//   K-major operand (rows of the tile are M or N, the 64 contiguous columns are K): the k-th
+//     16-column step starts 32 k bytes into the slab; atoms of 8 rows are 1024 bytes apart (SBO).
+//   N-major operand (rows of the tile are K, columns are N, as V is for O = P V): a 16-row k step
+//     is two atoms (SBO = 1024 between them); 64-column slabs along N are LBO bytes apart.
+#ifndef FLASH_STAGES_WGMMA_PTX_CUH
+#define FLASH_STAGES_WGMMA_PTX_CUH
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "mma_ptx.cuh"
+
+// True in the device pass that targets sm_90a; the other passes (sm_80 and friends) compile the
+// Hopper kernels to an empty body, and the host never launches them there.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASH_STAGES_SM90A 1
+#else
+#define FLASH_STAGES_SM90A 0
+#endif
+
+// Descriptor of a 128-byte-swizzled shared-memory operand starting at `tile` (16-byte aligned;
+// its atom 1024-aligned). Fields: start address >> 4 (bits 0-13), leading byte offset >> 4
+// (16-29), stride byte offset >> 4 (32-45), layout 1 = 128-byte swizzle (62-63).
+__device__ inline uint64_t smem_desc_sw128(const void *tile, uint32_t leading_bytes, uint32_t stride_bytes) {
+    const uint64_t address = smem_address(tile);
+    return ((address & 0x3FFFF) >> 4) | ((uint64_t)((leading_bytes >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((stride_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// Before the first wgmma of a batch (orders earlier register and shared-memory writes before the
+// tensor cores read them); after issuing, commit the batch as one group; wait until at most N
+// groups are still running.
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// wgmma writes its accumulators asynchronously, but the compiler sees them written when the
+// instruction is issued. This empty asm, placed after wgmma_wait, keeps every later use of `x`
+// (and every earlier write) on its side of the wait.
+__device__ inline void fence_operand(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// Give registers back (producer) or take them (consumers); a whole warpgroup executes it.
+template <int N>
+__device__ inline void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ inline void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// Arrive on `bar` and tell it to also wait for `bytes` of copy-engine writes (its transaction
+// count); the phase completes when both the arrivals and the bytes are in.
+__device__ inline void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+                 : "memory");
+}
+// One box of a 3-D tensor map (coordinates innermost first, in elements) into shared memory;
+// elements outside the tensor arrive as zeros. Completion counts its bytes on `bar`.
+__device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x, int y, int z, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+            "r"(smem_address(smem_dst)),
+        "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
+        : "memory");
+}
+
+// The wgmma shapes stage 08 needs, written out (generated; one operand per accumulator register).
+// D[64 x 128] (+)= A B, A and B both from shared memory (descriptors), B K-major. scale_d = 0
+// overwrites D (the first k step), 1 accumulates.
+__device__ inline void wgmma_m64n128k16_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D[64 x 64] += A B, A (fp16) from registers in mma.sync's A layout (each warp its 16 rows),
+// B from shared memory, N-major (imm-trans-b = 1: B's rows are the tile's rows, as V's are).
+__device__ inline void wgmma_m64n64k16_rs_tn(float d[32], const uint32_t a[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// D[64 x 128] += A B, A (fp16) from registers in mma.sync's A layout (each warp its 16 rows),
+// B from shared memory, N-major (imm-trans-b = 1: B's rows are the tile's rows, as V's are).
+__device__ inline void wgmma_m64n128k16_rs_tn(float d[64], const uint32_t a[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+
+// Host: a TMA tensor map for one [B*H, S, D] fp16 tensor, read in boxes of `box_rows` rows x 64
+// columns (one 128-byte swizzled slab). The driver function is found through the runtime, so the
+// programs need no -lcuda.
+static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *tensor, int heads_total, int S,
+                                               int D, int box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000,
+                                                           cudaEnableDefault, &found);
+        if (err != cudaSuccess) return err;
+        if (found != cudaDriverEntryPointSuccess || !encode) return cudaErrorNotSupported;
+    }
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)heads_total};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)S * D * 2};  // bytes, dims 1 and 2
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1};
+    const cuuint32_t element_strides[3] = {1, 1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)tensor, dims, strides, box,
+                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+#endif
