@@ -69,6 +69,10 @@ __device__ inline void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes) 
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
                  : "memory");
 }
+// Start fetching a tensor map (a kernel parameter) into the copy engine's descriptor cache.
+__device__ inline void tma_prefetch_descriptor(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
 // One box of a 3-D tensor map (coordinates innermost first, in elements) into shared memory;
 // elements outside the tensor arrive as zeros. Completion counts its bytes on `bar`.
 __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x, int y, int z, uint64_t *bar) {
@@ -80,7 +84,22 @@ __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x
 }
 
 // The wgmma shapes stage 08 needs, written out (generated; one operand per accumulator register).
-// D[64 x 128] (+)= A B, A and B both from shared memory (descriptors), B K-major. scale_d = 0
+// D[64 x 64] (+)= A B, A and B both from shared memory (descriptors), both K-major. scale_d = 0
+// overwrites D (the first k step), 1 accumulates.
+__device__ inline void wgmma_m64n64k16_ss(float d[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D[64 x 128] (+)= A B, A and B both from shared memory (descriptors), both K-major. scale_d = 0
 // overwrites D (the first k step), 1 accumulates.
 __device__ inline void wgmma_m64n128k16_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
@@ -137,6 +156,44 @@ __device__ inline void wgmma_m64n128k16_rs_tn(float d[64], const uint32_t a[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
+
+// The same, N picked at compile time (64 or 128).
+template <int N>
+__device__ inline void wgmma_m64k16_ss(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    if constexpr (N == 64)
+        wgmma_m64n64k16_ss(d, desc_a, desc_b, scale_d);
+    else
+        wgmma_m64n128k16_ss(d, desc_a, desc_b, scale_d);
+}
+template <int N>
+__device__ inline void wgmma_m64k16_rs_tn(float *d, const uint32_t a[4], uint64_t desc_b) {
+    if constexpr (N == 64)
+        wgmma_m64n64k16_rs_tn(d, a, desc_b);
+    else
+        wgmma_m64n128k16_rs_tn(d, a, desc_b);
+}
+
+// Descriptors of the k-th 16-wide step of an operand kept in a [D/64][ROWS][64] swizzled tile.
+// K-major (the tile's columns are K; rows row0.. are M or N, row0 a multiple of 8):
+template <int ROWS>
+__device__ inline uint64_t desc_k_major(const __half *tile, int row0, int kk) {
+    return smem_desc_sw128(tile + (kk / 4) * ROWS * 64 + row0 * 64 + (kk % 4) * 16, 16, 1024);
+}
+// N-major (the tile's rows are K, its columns N): 16 rows further per step, slabs a tile apart.
+template <int ROWS>
+__device__ inline uint64_t desc_n_major(const __half *tile, int kk) {
+    return smem_desc_sw128(tile + kk * 16 * 64, ROWS * 64 * sizeof(__half), 1024);
+}
+
+// A 64 x N fp32 accumulator as the fp16 A operands of N/16 k steps (the wgmma A layout from
+// registers is mma.sync's, so accumulator blocks 2k and 2k + 1 make k step k).
+template <int N>
+__device__ inline void pack_a_frags(uint32_t frag[N / 16][4], const float *acc) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) frag[kk][i] = pack_half2(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+}
 
 // Host: a TMA tensor map for one [B*H, S, D] fp16 tensor, read in boxes of `box_rows` rows x 64
 // columns (one 128-byte swizzled slab). The driver function is found through the runtime, so the

@@ -79,6 +79,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab.
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0) {
+            tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
             for (int c = 0; c < D / SLAB; c++)
                 tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
@@ -104,7 +105,6 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 #pragma unroll
         for (int i = 0; i < D / 2; i++) o_acc[i] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-        const __half *q_group = q_tile + consumer * GROUP_ROWS * SLAB;
         mbarrier_wait(q_full, 0);
 
         for (int tile = 0; tile < n_tiles; tile++) {
@@ -115,15 +115,13 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             mbarrier_wait(&full[slot], (tile / STAGES) & 1);
 
             // S = Q Kᵀ: 64 rows x 128 keys, k = 16 columns of D per instruction. Both operands are
-            // K-major: step kk starts 32 bytes further into the 128-byte row of slab kk / 4.
+            // K-major: step kk starts 32 bytes further into the 128-byte rows of slab kk / 4.
             float s_acc[KEY_TILE / 2];
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const int slab = kk / 4, col = kk % 4 * 16;
-                wgmma_m64n128k16_ss(s_acc, smem_desc_sw128(q_group + slab * BLOCK_ROWS * SLAB + col, 16, 1024),
-                                    smem_desc_sw128(k_tile + slab * KEY_TILE * SLAB + col, 16, 1024), kk > 0);
-            }
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, consumer * GROUP_ROWS, kk),
+                                          desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
 #pragma unroll
@@ -167,19 +165,11 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             // O += P V: P (fp16) is the A operand straight from registers; V is N-major, so step kk
             // (16 keys) starts 16 rows = 2 atoms further, and its 64-column slabs are a tile apart.
             uint32_t p_frag[KEY_TILE / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < KEY_TILE / 16; kk++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) p_frag[kk][i] = pack_half2(s_acc[8 * kk + 2 * i], s_acc[8 * kk + 2 * i + 1]);
+            pack_a_frags<KEY_TILE>(p_frag, s_acc);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < KEY_TILE / 16; kk++) {
-                const uint64_t v_desc = smem_desc_sw128(v_tile + kk * 16 * SLAB, KEY_TILE * SLAB * sizeof(__half), 1024);
-                if constexpr (D == 64)
-                    wgmma_m64n64k16_rs_tn(o_acc, p_frag[kk], v_desc);
-                else
-                    wgmma_m64n128k16_rs_tn(o_acc, p_frag[kk], v_desc);
-            }
+            for (int kk = 0; kk < KEY_TILE / 16; kk++)
+                wgmma_m64k16_rs_tn<D>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk));
             wgmma_commit();
             wgmma_wait<0>();
 #pragma unroll
