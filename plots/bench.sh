@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU, then the PyTorch SDPA
-# peers and the GPU's ceilings; write plots/data/<gpu>.csv and <gpu>_ceilings.csv and render the
+# bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU (the forward, then the
+# backward of the stages that have one), then the PyTorch SDPA peers (forward and backward) and
+# the GPU's ceilings; write plots/data/<gpu>.csv and <gpu>_ceilings.csv and render the
 # charts. Run it through `cmake --workflow --preset bench` (README), which builds first and sets
 # FLASH_STAGES_BIN.
 #
@@ -27,29 +28,35 @@ tmp=$(mktemp "${TMPDIR:-/tmp}/bench.XXXXXX.csv")
 export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 mapfile -t shapes < <(grep -v '^#' plots/shapes.txt | grep -v '^ *$')
-total=$((${#stages[@]} * ${#shapes[@]}))
 echo "bench: $gpu_name, ${#stages[@]} stages x ${#shapes[@]} shapes, commit $FLASH_STAGES_COMMIT -> $out"
 n=0 failures=0 start=$SECONDS
-for stage in "${stages[@]}"; do
-    for shape in "${shapes[@]}"; do
-        read -r B H S D causal <<<"$shape"
-        n=$((n + 1))
-        flags=(--batch "$B" --heads "$H" --seq "$S" --dim "$D" --bench --csv "$tmp")
-        [ "$causal" = 1 ] && flags+=(--causal)
-        label=$(printf '[%3d/%d %4ds] %-18s B=%-2s H=%-2s S=%-5s D=%-3s %-10s' "$n" "$total" \
-            $((SECONDS - start)) "$stage" "$B" "$H" "$S" "$D" "$([ "$causal" = 1 ] && echo causal || echo non-causal)")
-        log=$("$bin/$stage" "${flags[@]}" 2>&1)
-        status=$?
-        case $status in
-        0) echo "$label $(grep '^time:' <<<"$log" | sed 's/^time: //')" ;;
-        3) echo "$label skipped: $(tail -n 1 <<<"$log" | sed "s/^$stage: //")" ;;
-        *) echo "$label FAILED (exit $status):"; sed 's/^/    /' <<<"$log"; failures=$((failures + 1)) ;;
-        esac
+for pass in forward backward; do
+    for stage in "${stages[@]}"; do
+        for shape in "${shapes[@]}"; do
+            read -r B H S D causal <<<"$shape"
+            flags=(--batch "$B" --heads "$H" --seq "$S" --dim "$D" --bench --csv "$tmp")
+            [ "$causal" = 1 ] && flags+=(--causal)
+            [ $pass = backward ] && flags+=(--backward)
+            log=$("$bin/$stage" "${flags[@]}" 2>&1)
+            status=$?
+            # A forward-only stage says so at once; its backward is simply not part of the sweep.
+            [ $pass = backward ] && [ $status = 3 ] && grep -q "forward pass only" <<<"$log" && continue 2
+            n=$((n + 1))
+            label=$(printf '[%3d %4ds] %-18s %-8s B=%-2s H=%-2s S=%-5s D=%-3s %-10s' "$n" \
+                $((SECONDS - start)) "$stage" "$pass" "$B" "$H" "$S" "$D" \
+                "$([ "$causal" = 1 ] && echo causal || echo non-causal)")
+            case $status in
+            0) echo "$label $(grep '^time' <<<"$log" | sed 's/^time[^:]*: //')" ;;
+            3 | 77) echo "$label skipped: $(tail -n 1 <<<"$log" | sed "s/^$stage: //")" ;;
+            *) echo "$label FAILED (exit $status):"; sed 's/^/    /' <<<"$log"; failures=$((failures + 1)) ;;
+            esac
+        done
     done
 done
 
-echo "bench: PyTorch SDPA peers on the same shapes"
+echo "bench: PyTorch SDPA peers on the same shapes, forward and backward"
 python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
+python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
 echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"
 ceilings_tmp=$(mktemp "${TMPDIR:-/tmp}/ceilings.XXXXXX.csv")
 python3 plots/ceilings.py --csv "$ceilings_tmp" || failures=$((failures + 1))

@@ -25,12 +25,16 @@ grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tai
 
 : >"$out/sanitizer.log"
 for stage in $stages; do
-    for dim in 64 128; do
-        for tool in memcheck racecheck; do
-            echo "== $stage $tool (B=2 H=3 S=77 D=$dim causal)" >>"$out/sanitizer.log"
-            compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/bin/$stage \
-                --batch 2 --heads 3 --seq 77 --dim $dim --causal >>"$out/sanitizer.log" 2>&1
-            echo "exit $?" >>"$out/sanitizer.log"
+    for pass in "" --backward; do
+        # forward-only stages: no backward to check
+        [ -n "$pass" ] && build-gpu/bin/$stage --backward --seq 1 2>&1 | grep -q "forward pass only" && continue
+        for dim in 64 128; do
+            for tool in memcheck racecheck; do
+                echo "== $stage $tool $pass (B=2 H=3 S=77 D=$dim causal)" >>"$out/sanitizer.log"
+                compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/bin/$stage $pass \
+                    --batch 2 --heads 3 --seq 77 --dim $dim --causal >>"$out/sanitizer.log" 2>&1
+                echo "exit $?" >>"$out/sanitizer.log"
+            done
         done
     done
 done
