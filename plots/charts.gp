@@ -1,6 +1,6 @@
 # charts.gp - the course's charts from the tables prepare.awk writes.
 # usage: gnuplot -e "dir='DIR'; out='PREFIX'; gpu='NAME'" plots/charts.gp
-# Writes PREFIX_progression.png, PREFIX_seqlen.png and PREFIX_speedup.png.
+# Writes PREFIX_progression.png, PREFIX_seqlen.png, PREFIX_speedup.png and PREFIX_backward.png.
 set terminal pngcairo size 1400,900 font "Sans,11" noenhanced
 set datafile missing "NaN"
 set grid ytics mytics lc rgb "#dddddd"
@@ -78,3 +78,28 @@ set style fill solid 0.8 border -1
 set xtics rotate by -30
 plot dir . "/speedup.dat" using 3:xtic(2) title "D=64", "" using 4 title "D=64 causal", \
      "" using 5 title "D=128", "" using 6 title "D=128 causal"
+
+# 4. Backward TFLOP/s against sequence length: the stages with a backward pass (solid) and the
+#    PyTorch backends (dashed), FLOPs counted as 2.5x the forward's.
+set output out . "_backward.png"
+set terminal pngcairo size 1400,900 font "Sans,11" noenhanced
+unset logscale
+unset style
+set style data linespoints
+set xtics norotate
+set yrange [0:*]
+set ylabel "TFLOP/s"
+set key outside right top
+bwd_stages = system("cat " . dir . "/bwd_stages.txt 2>/dev/null")
+bwd_peers = system("cat " . dir . "/bwd_peers.txt 2>/dev/null")
+set multiplot layout 2,2 title "Backward TFLOP/s against sequence length (B*S = 16384, H*D = 2048), " . gpu
+set logscale x 2
+set xlabel "sequence length S"
+do for [d in "64 128"] {
+    do for [c in "0 1"] {
+        set title "D = " . d . (c eq "1" ? ", causal" : ", non-causal")
+        plot for [n in bwd_stages] dir . "/bwd_" . n . "_D" . d . "_c" . c . ".dat" using 1:2 with linespoints lw 2 title n, \
+             for [p in bwd_peers] dir . "/bwd_" . p . "_D" . d . "_c" . c . ".dat" using 1:2 with lines dt 2 lw 2 title p
+    }
+}
+unset multiplot

@@ -6,8 +6,16 @@
 #   DIR/prog_D<d>.dat             "index label TFLOP/s(non-causal) TFLOP/s(causal) TFLOP/s(small)" at S = 4096
 #   DIR/speedup.dat               "index label" then speedup over stage 01 for D64, D64c, D128, D128c
 #   DIR/peers.gp                  gnuplot variables: peer TFLOP/s at S = 4096 per D and causal
+# and, for the backward rows:
+#   DIR/bwd_stages.txt, bwd_peers.txt  the stages with a backward pass, the peers
+#   DIR/bwd_<name>_D<d>_c<c>.dat  "S TFLOP/s" on the sweep
 BEGIN { FS = ","; }
 NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+$col["direction"] == "bwd" && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 {
+    name = $col["stage"]
+    if (!(name in bseen)) { bseen[name] = 1; if (name ~ /^sdpa_/) bpeers[++nbp] = name; else bstages[++nbs] = name }
+    print $col["seq"] + 0, $col["tflops"] + 0 >> (dir "/bwd_" name "_D" ($col["dim"] + 0) "_c" ($col["causal"] + 0) ".dat")
+}
 $col["direction"] == "fwd" {
     name = $col["stage"]; S = $col["seq"] + 0; D = $col["dim"] + 0; c = $col["causal"] + 0
     B = $col["batch"] + 0; H = $col["heads"] + 0; tf = $col["tflops"] + 0
@@ -23,6 +31,8 @@ $col["direction"] == "fwd" {
 function val(x) { return x == "" ? "NaN" : x }
 END {
     for (i = 1; i <= ns; i++) print stages[i] > (dir "/stages.txt")
+    for (i = 1; i <= nbs; i++) print bstages[i] > (dir "/bwd_stages.txt")
+    for (i = 1; i <= nbp; i++) print bpeers[i] > (dir "/bwd_peers.txt")
     for (i = 1; i <= np; i++) print peers[i] > (dir "/peers.txt")
     for (d = 64; d <= 128; d += 64) {
         file = dir "/prog_D" d ".dat"

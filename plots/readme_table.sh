@@ -21,6 +21,10 @@ course_table() {
         if (B == 1 && H == 8 && S == 512 && D == 64 && c == 0) small[n] = sprintf("%.1f", $col["median_us"])
         gpu = $col["gpu"]; commit[$col["commit"]] = 1
     }
+    $col["direction"] == "bwd" && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 && $col["seq"] == 4096 {
+        n = $col["stage"]; if (!(n in bseen)) { bseen[n] = 1; border[++bk] = n }
+        btf[n, $col["dim"], $col["causal"]] = sprintf("%.1f", $col["tflops"])
+    }
     function v(x) { return x == "" ? "-" : x }
     END {
         print "Forward TFLOP/s at S = 4096 (B = 4, H*D = 2048) and latency of the small shape, " gpu ","
@@ -31,22 +35,31 @@ course_table() {
         print "|---|---:|---:|---:|---:|---:|"
         for (i = 1; i <= k; i++) { n = order[i]
             printf "| %s | %s | %s | %s | %s | %s |\n", n, v(tf[n,64,0]), v(tf[n,64,1]), v(tf[n,128,0]), v(tf[n,128,1]), v(small[n]) }
+        if (bk == 0) exit
+        print ""
+        print "Backward TFLOP/s at S = 4096 (FLOPs 2.5x the forward):"
+        print ""
+        print "| stage | D=64 | D=64 causal | D=128 | D=128 causal |"
+        print "|---|---:|---:|---:|---:|"
+        for (i = 1; i <= bk; i++) { n = border[i]
+            printf "| %s | %s | %s | %s | %s |\n", n, v(btf[n,64,0]), v(btf[n,64,1]), v(btf[n,128,0]), v(btf[n,128,1]) }
     }' "$csv"
 }
 
-# A stage's table: its TFLOP/s over the whole sweep, with the flash backend beside it.
+# A stage's table: its TFLOP/s over the whole sweep in one direction (fwd or bwd), with the flash
+# backend beside it.
 stage_table() {
-    local stage=$1
+    local stage=$1 direction=$2
     [ -f "$csv" ] || { echo "_No H100 measurements committed yet (plots/data/h100.csv)._"; return; }
-    awk -F, -v stage="$stage" '
+    awk -F, -v stage="$stage" -v direction="$direction" '
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-    $col["direction"] == "fwd" && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 {
+    $col["direction"] == direction && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 {
         n = $col["stage"]; S = $col["seq"]; D = $col["dim"]; c = $col["causal"]
         if (n == stage || n == "sdpa_flash") { tf[n, S, D, c] = sprintf("%.2f", $col["tflops"]); seqs[S] = 1 }
     }
     function v(x) { return x == "" ? "skipped" : x }
     END {
-        print "Forward TFLOP/s on the H100 (B*S = 16384, H*D = 2048), from `plots/data/h100.csv`; in brackets PyTorch SDPA flash:"
+        print (direction == "fwd" ? "Forward" : "Backward") " TFLOP/s on the H100 (B*S = 16384, H*D = 2048), from `plots/data/h100.csv`; in brackets PyTorch SDPA flash:"
         print ""
         print "| S | D=64 | D=64 causal | D=128 | D=128 causal |"
         print "|---:|---:|---:|---:|---:|"
@@ -102,7 +115,8 @@ course_table | process README.md course
 ceilings_table | process docs/h100.md ceilings
 for lesson in stages/*/README.md; do
     stage=$(basename "$(dirname "$lesson")")
-    stage_table "$stage" | process "$lesson" "$stage"
+    stage_table "$stage" fwd | process "$lesson" "$stage"
+    stage_table "$stage" bwd | process "$lesson" "$stage:bwd"
 done
 [ "$mode" = --check ] && [ $status = 0 ] && echo "readme_table: README and lesson tables match $csv"
 exit $status

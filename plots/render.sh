@@ -20,7 +20,7 @@ for csv in "${csvs[@]}"; do
     gpu=$(awk -F, 'NR == 2 { print $1 }' "$csv")
     gnuplot -e "dir='$tables'; out='$outdir/$slug'; gpu='$gpu'" plots/charts.gp
     rm -r "$tables"
-    for chart in progression seqlen speedup; do
+    for chart in progression seqlen speedup backward; do
         [ -s "$outdir/${slug}_$chart.png" ] || { echo "render: $outdir/${slug}_$chart.png missing" >&2; exit 1; }
         echo "render: $outdir/${slug}_$chart.png"
     done
