@@ -57,6 +57,29 @@ __device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligne
 // (and every earlier write) on its side of the wait.
 __device__ inline void fence_operand(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 
+// fence_operand over an N-register accumulator.
+template <int N>
+__device__ inline void fence_operands(float *acc) {
+#pragma unroll
+    for (int i = 0; i < N; i++) fence_operand(acc[i]);
+}
+
+// The barriers of a producer/consumer ring fed by TMA, set up by thread 0 before the block
+// syncs: full[s] completes on the producer's expect_tx arrival plus the bytes; empty[s] on one
+// arrival per consumer warp; `once` guards the tiles loaded a single time (one arrival + bytes).
+__device__ inline void init_tma_ring(uint64_t *full, uint64_t *empty, int stages, int consumer_warps,
+                                     uint64_t *once) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) {
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], consumer_warps);
+        }
+        mbarrier_init(once, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+}
+
 // Give registers back (producer) or take them (consumers); a whole warpgroup executes it.
 template <int N>
 __device__ inline void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }

@@ -99,19 +99,6 @@ __device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, c
     }
 }
 
-template <int D>
-__device__ inline void bwd_init_barriers(const BwdSmem &m) {
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < BWD_STAGES; s++) {
-            mbarrier_init(&m.full[s], 1);
-            mbarrier_init(&m.empty[s], 4 * BWD_GROUPS);
-        }
-        mbarrier_init(m.own_full, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-}
-
 // acc (64 x 64, this warpgroup's rows own_row0..) = A Bᵀ over D, A rows in an owned tile and B
 // rows in a walked tile: both K-major. Issued, not waited for.
 template <int D>
@@ -129,13 +116,6 @@ __device__ inline void product_acc_b(float out[D / 2], const float a_acc[32], co
     pack_a_frags<BWD_WALK>(frag, a_acc);
 #pragma unroll
     for (int kk = 0; kk < BWD_WALK / 16; kk++) wgmma_m64k16_rs_tn<D>(out, frag[kk], desc_n_major<BWD_WALK>(walk, kk));
-}
-
-template <int N>
-__device__ inline void wait_all(float *acc) {
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < N; i++) fence_operand(acc[i]);
 }
 
 // Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to a [S, D] matrix.
@@ -168,7 +148,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     const int k0 = blockIdx.x * BWD_OWN;
     const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
     const int n_tiles = ceil_div(S, BWD_WALK) - first_tile;
-    bwd_init_barriers<D>(m);
+    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
@@ -206,9 +186,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             product_abt<D>(st_acc, m.own_a, group_row0, q_tile);
             product_abt<D>(dpt_acc, m.own_b, group_row0, do_tile);
             wgmma_commit();
-            wait_all<32>(st_acc);
-#pragma unroll
-            for (int i = 0; i < 32; i++) fence_operand(dpt_acc[i]);
+            wgmma_wait<0>();
+            fence_operands<32>(st_acc), fence_operands<32>(dpt_acc);
 
             // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ - D), in place; masked entries (causal, or queries past S) are 0.
 #pragma unroll
@@ -225,9 +204,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             product_acc_b<D>(dv_acc, st_acc, do_tile);   // dV += Pᵀ dO
             product_acc_b<D>(dk_acc, dpt_acc, q_tile);   // dK += dSᵀ Q
             wgmma_commit();
-            wait_all<D / 2>(dv_acc);
-#pragma unroll
-            for (int i = 0; i < D / 2; i++) fence_operand(dk_acc[i]);
+            wgmma_wait<0>();
+            fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
             __syncwarp();
             if (lane == 0) mbarrier_arrive(&m.empty[slot]);
         }
@@ -254,7 +232,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int q0 = q_block * BWD_OWN;
     const int n_tiles = ceil_div(causal ? min(S, q0 + BWD_OWN) : S, BWD_WALK);
-    bwd_init_barriers<D>(m);
+    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
@@ -287,9 +265,8 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
             product_abt<D>(s_acc, m.own_a, group_row0, k_tile);
             product_abt<D>(dp_acc, m.own_b, group_row0, v_tile);
             wgmma_commit();
-            wait_all<32>(s_acc);
-#pragma unroll
-            for (int i = 0; i < 32; i++) fence_operand(dp_acc[i]);
+            wgmma_wait<0>();
+            fence_operands<32>(s_acc), fence_operands<32>(dp_acc);
 
             // dS = P ∘ (dP - D), in place in s_acc; masked keys (past S, or causal) give 0.
 #pragma unroll
@@ -304,7 +281,8 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
             wgmma_fence();
             product_acc_b<D>(dq_acc, s_acc, k_tile);  // dQ += dS K
             wgmma_commit();
-            wait_all<D / 2>(dq_acc);
+            wgmma_wait<0>();
+            fence_operands<D / 2>(dq_acc);
             __syncwarp();
             if (lane == 0) mbarrier_arrive(&m.empty[slot]);
         }

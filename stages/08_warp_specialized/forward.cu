@@ -65,15 +65,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     const int n_tiles = ceil_div(kv_end, KEY_TILE);
     const int group = threadIdx.x / 128;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbarrier_init(&full[s], 1);                      // the producer's expect_tx arrival
-            mbarrier_init(&empty[s], 4 * CONSUMER_GROUPS);  // one arrival per consumer warp
-        }
-        mbarrier_init(q_full, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
-    }
-    __syncthreads();
+    init_tma_ring(full, empty, STAGES, 4 * CONSUMER_GROUPS, q_full);
 
     if (group == 0) {
         // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab.
@@ -124,8 +116,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                                           desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < KEY_TILE / 2; i++) fence_operand(s_acc[i]);
+            fence_operands<KEY_TILE / 2>(s_acc);
 
             if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
 #pragma unroll
@@ -172,8 +163,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 wgmma_m64k16_rs_tn<D>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk));
             wgmma_commit();
             wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < D / 2; i++) fence_operand(o_acc[i]);
+            fence_operands<D / 2>(o_acc);
             __syncwarp();
             if (lane == 0) mbarrier_arrive(&empty[slot]);  // this warp no longer reads the slot
         }
