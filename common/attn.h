@@ -38,6 +38,9 @@ typedef struct {
     const char *(*unsupported)(const attn_shape *shape);
     // Scratch the forward pass needs in device memory (0 for none).
     size_t (*workspace_bytes)(const attn_shape *shape);
+    // The most dynamic shared memory one block of any of the stage's kernels asks for at this
+    // shape (0 for none). The harness compares it with the GPU's per-block limit before launching.
+    size_t (*shared_bytes)(const attn_shape *shape);
     // Enqueue the forward pass on `stream`; returns the launch error, if any.
     cudaError_t (*forward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
     // Enqueue the backward pass (dQ, dK, dV from Q, K, V, O, dO and whatever the forward left in

@@ -80,5 +80,22 @@ inline const char *unsupported_head_dim(const attn_shape *shape) {
 }
 
 inline size_t no_workspace(const attn_shape *) { return 0; }
+inline size_t no_shared_memory(const attn_shape *) { return 0; }
+
+// A stage's shared_bytes() when its kernel's dynamic shared memory is Layout<D>::bytes.
+template <template <int> class Layout>
+size_t layout_shared_bytes(const attn_shape *s) {
+    return s->dim == 64 ? Layout<64>::bytes : Layout<128>::bytes;
+}
+
+// Workspace: the forward's row log-sum-exp in log2 units, lse_log2[B*H*S] (float), which the
+// backward uses to recompute P = 2^(s scale log2 e - lse_log2) without a softmax; then the
+// backward's delta_i = rowsum(dO * O), delta[B*H*S] (float).
+inline size_t attention_rows(const attn_shape *s) { return (size_t)s->batch * s->heads * s->seq; }
+inline size_t lse_delta_workspace_bytes(const attn_shape *s) { return 2 * sizeof(float) * attention_rows(s); }
+inline float *workspace_lse(const attn_shape *, const attn_tensors *t) { return (float *)t->workspace; }
+inline float *workspace_delta(const attn_shape *s, const attn_tensors *t) {
+    return (float *)t->workspace + attention_rows(s);
+}
 
 #endif

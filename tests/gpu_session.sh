@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# gpu_session.sh [test|quick|bench|all] - what one call on a lent GPU machine runs: build for the
-# local GPU, then
-#   test:  every CTest test, and compute-sanitizer memcheck and racecheck on a small odd causal
-#          shape per stage;
-#   quick: test, plus each stage timed at S = 4096;
-#   bench: plots/bench.sh over every shape (writes plots/data/<gpu>.csv);
-#   all:   test and bench.
+# gpu_session.sh [test|quick|variants|bench|all] - what one call on a lent GPU machine runs: build
+# for the local GPU, then
+#   test:     every CTest test, and compute-sanitizer memcheck, racecheck and synccheck on a small
+#             odd causal shape per stage, forward and backward;
+#   quick:    test, plus each stage timed at S = 4096;
+#   variants: test, plus plots/stage_variants.sh (stage 08's configurations at S = 4096);
+#   bench:    plots/bench.sh over every shape (writes plots/data/<gpu>.csv);
+#   all:      test and bench.
 # Logs go to $OUT (or ./gpu_out), so they come back even when a step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,8 @@ ctest --test-dir build-gpu -j 8 --output-on-failure >"$out/ctest.log" 2>&1
 grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tail -n 20
 
 : >"$out/sanitizer.log"
-for stage in $stages; do
+# SANITIZE_STAGES narrows the sanitizer runs to the stages a change touched (default: all).
+for stage in ${SANITIZE_STAGES:-$stages}; do
     for pass in "" --backward; do
         # forward-only stages: no backward to check
         if [ -n "$pass" ]; then
@@ -32,7 +34,7 @@ for stage in $stages; do
             grep -q "forward pass only" <<<"$probe" && continue
         fi
         for dim in 64 128; do
-            for tool in memcheck racecheck; do
+            for tool in memcheck racecheck synccheck; do
                 echo "== $stage $tool $pass (B=2 H=3 S=77 D=$dim causal)" >>"$out/sanitizer.log"
                 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/bin/$stage $pass \
                     --batch 2 --heads 3 --seq 77 --dim $dim --causal >>"$out/sanitizer.log" 2>&1
@@ -41,7 +43,10 @@ for stage in $stages; do
         done
     done
 done
-grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|^exit" "$out/sanitizer.log" | paste - - - | sed 's/=========//g'
+grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|^exit" "$out/sanitizer.log" | paste - - - | sed 's/=========//g' \
+    >"$out/sanitizer_summary.txt"
+grep -c "exit 0" "$out/sanitizer_summary.txt" | sed 's/^/sanitizer runs with exit 0: /'
+grep -v "exit 0" "$out/sanitizer_summary.txt" || true
 }
 [ "$mode" = bench ] || run_tests
 
@@ -49,6 +54,9 @@ export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-unknown}
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
     FLASH_STAGES_BIN=build-gpu/bin bash plots/bench.sh $stages 2>&1 | tee "$out/bench.log"
     cp plots/data/*.csv "$out/"
+elif [ "$mode" = variants ]; then
+    bash plots/stage_variants.sh build-gpu 2>&1 | tee "$out/variants.log"
+    cp plots/data/*_stage08_variants.csv "$out/" 2>/dev/null
 elif [ "$mode" = quick ]; then
     for stage in $stages; do
         for shape in "4 32 4096 64" "4 16 4096 128"; do

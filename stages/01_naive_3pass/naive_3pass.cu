@@ -99,6 +99,7 @@ extern "C" const attn_stage STAGE = {
     "three kernels: S = scale*QK^T to global memory, softmax in place, O = PV",
     unsupported_head_dim,
     scores_bytes,
+    no_shared_memory,
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80

@@ -73,10 +73,13 @@ scalar_tiled_kernel(const __half *q, const __half *k, const __half *v, __half *o
     }
 }
 
+template <int D> struct Layout {  // q_tile, k_tile, v_tile
+    static constexpr size_t bytes = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);
+};
+
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    const size_t smem = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);  // q_tile, k_tile, v_tile
-    return launch_attention(scalar_tiled_kernel<D>, BLOCK_ROWS, BLOCK_ROWS, smem, s, t, stream);
+    return launch_attention(scalar_tiled_kernel<D>, BLOCK_ROWS, BLOCK_ROWS, Layout<D>::bytes, s, t, stream);
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
@@ -88,6 +91,7 @@ extern "C" const attn_stage STAGE = {
     "one fused kernel, K/V tiles in shared memory, two passes over K for the softmax",
     unsupported_head_dim,
     no_workspace,
+    layout_shared_bytes<Layout>,
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80

@@ -82,10 +82,13 @@ online_softmax_kernel(const __half *q, const __half *k, const __half *v, __half 
     }
 }
 
+template <int D> struct Layout {  // q_tile, k_tile, v_tile
+    static constexpr size_t bytes = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);
+};
+
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    const size_t smem = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);  // q_tile, k_tile, v_tile
-    return launch_attention(online_softmax_kernel<D>, BLOCK_ROWS, BLOCK_ROWS, smem, s, t, stream);
+    return launch_attention(online_softmax_kernel<D>, BLOCK_ROWS, BLOCK_ROWS, Layout<D>::bytes, s, t, stream);
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
@@ -97,6 +100,7 @@ extern "C" const attn_stage STAGE = {
     "online softmax: one pass over K/V tiles, per-row max, sum and O accumulator in registers",
     unsupported_head_dim,
     no_workspace,
+    layout_shared_bytes<Layout>,
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80

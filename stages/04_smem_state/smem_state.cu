@@ -87,10 +87,13 @@ smem_state_kernel(const __half *q, const __half *k, const __half *v, __half *o, 
     }
 }
 
+template <int D> struct Layout {  // q_tile, k_tile, v_tile, o_tile, max_tile, sum_tile
+    static constexpr size_t bytes = sizeof(float) * (2 * BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D + 2 * BLOCK_ROWS);
+};
+
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    const size_t smem = sizeof(float) * (2 * BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D + 2 * BLOCK_ROWS);  // q_tile, k_tile, v_tile, o_tile, max_tile, sum_tile
-    return launch_attention(smem_state_kernel<D>, BLOCK_ROWS, BLOCK_ROWS, smem, s, t, stream);
+    return launch_attention(smem_state_kernel<D>, BLOCK_ROWS, BLOCK_ROWS, Layout<D>::bytes, s, t, stream);
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
@@ -102,6 +105,7 @@ extern "C" const attn_stage STAGE = {
     "stage 03 with the per-row max, sum and O accumulator in shared memory instead of registers",
     unsupported_head_dim,
     no_workspace,
+    layout_shared_bytes<Layout>,
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80

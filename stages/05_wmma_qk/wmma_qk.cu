@@ -6,25 +6,32 @@
 // writes the fp32 result back. K is read as a column-major B operand, which is exactly K^T: no
 // transposed copy is made.
 // What changed from stage 04: WMMA works per warp on 16-row slabs, so the block becomes 4 warps
-// that each own 16 of the BLOCK_ROWS = 64 query rows, and a K/V tile grows to 64 keys. Q, K, V are
-// kept in shared memory as fp16 (what WMMA reads); the score tile goes to shared memory as fp32,
-// where two lanes per row run stage 04's online softmax. The per-row state (max, sum, O
-// accumulator) stays in shared memory, as in stage 04.
-// Limits: P V is still scalar: 16 rows x D columns x 64 keys of fp32 FMAs per warp per tile, two
-// shared-memory loads each. Stage 06 puts P V on the tensor cores too.
+// that each own 16 of the BLOCK_ROWS = 64 query rows, and a K/V tile grows to 64 keys at D = 64
+// (it stays at 32 at D = 128, see key_tile). Q, K, V are kept in shared memory as fp16 (what WMMA
+// reads); the score tile goes to shared memory as fp32, where two lanes per row run stage 04's
+// online softmax. The per-row state (max, sum, O accumulator) stays in shared memory, as in
+// stage 04.
+// Limits: P V is still scalar: 16 rows x D columns x KEY_TILE keys of fp32 FMAs per warp per
+// tile, two shared-memory loads each. Stage 06 puts P V on the tensor cores too. Shared memory
+// is kept within 101,376 bytes per block, the most that sm_86 and sm_89 GPUs allow.
 #include <math.h>
 
 #include "kernel_common.cuh"
 #include "wmma_tiles.cuh"
 
 #define BLOCK_ROWS 64  // query rows per block
-#define KEY_TILE 64    // keys per shared-memory tile
 #define WARPS 4        // warp w owns query rows [16w, 16w + 16)
 #define THREADS (32 * WARPS)
+
+// Keys per shared-memory K/V tile. At D = 128, 64 keys would need 103,168 bytes, more than an
+// sm_86 or sm_89 block may have; 32 keys need 77,568, at the price of twice as many tiles (about
+// 6% slower on an H100).
+template <int D> constexpr int key_tile() { return D == 64 ? 64 : 32; }
 
 // Shared-memory row strides. WMMA needs 32-byte aligned fragment pointers and a stride that is a
 // multiple of 8 halves or 4 floats; the extra 8 halves / 4 floats stagger rows across banks.
 template <int D> struct Layout {
+    static constexpr int KEY_TILE = key_tile<D>();
     static constexpr int LD_HALF = D + 8;              // q_tile, k_tile, v_tile
     static constexpr int LD_SCORE = KEY_TILE + 4;      // s_tile
     static constexpr int LD_O = D + 1;                 // o_tile (scalar access only)
@@ -37,6 +44,7 @@ __global__ void __launch_bounds__(THREADS)
 wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int S, float scale,
                int causal) {
     using L = Layout<D>;
+    constexpr int KEY_TILE = L::KEY_TILE;
     extern __shared__ __align__(128) unsigned char smem[];
     __half *q_tile = (__half *)smem;                      // [BLOCK_ROWS][LD_HALF]
     __half *k_tile = q_tile + BLOCK_ROWS * L::LD_HALF;    // [KEY_TILE][LD_HALF]
@@ -64,18 +72,20 @@ wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
         load_tile_f16<KEY_TILE, D>(v_tile, L::LD_HALF, v + head, k0, S);
         __syncthreads();
 
-        // S = Q K^T for this warp's 16 rows and the tile's 64 keys, on the tensor cores
-        // (common/wmma_tiles.cuh: 4 accumulator fragments, D/16 mma_sync each, K read as Kᵀ).
+        // S = Q K^T for this warp's 16 rows and the tile's keys, on the tensor cores
+        // (common/wmma_tiles.cuh: KEY_TILE/16 accumulator fragments, D/16 mma_sync each, K read
+        // as Kᵀ).
         wmma_score_tile<D, KEY_TILE>(q_tile + warp * 16 * L::LD_HALF, k_tile, L::LD_HALF,
                                      s_tile + warp * 16 * L::LD_SCORE, L::LD_SCORE);
         __syncwarp();  // the warp's score rows are complete in shared memory
 
-        // Online softmax (stage 04's), each lane over 32 of its row's 64 scores.
-        float *s_row = s_tile + my_row * L::LD_SCORE + half * 32;
+        // Online softmax (stage 04's), each lane over one half of its row's scores.
+        constexpr int HALF_TILE = KEY_TILE / 2;
+        float *s_row = s_tile + my_row * L::LD_SCORE + half * HALF_TILE;
         float tile_max = -INFINITY;
 #pragma unroll
-        for (int c = 0; c < 32; c++) {
-            const int key = k0 + half * 32 + c;
+        for (int c = 0; c < HALF_TILE; c++) {
+            const int key = k0 + half * HALF_TILE + c;
             const bool masked = key >= S || (causal && key > query);
             s_row[c] = masked ? -INFINITY : scale * s_row[c];
             tile_max = fmaxf(tile_max, s_row[c]);
@@ -87,7 +97,7 @@ wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
         const float alpha = expf(old_max - new_max);  // 0 on the first tile
         float tile_sum = 0.0f;
 #pragma unroll
-        for (int c = 0; c < 32; c++) {
+        for (int c = 0; c < HALF_TILE; c++) {
             s_row[c] = expf(s_row[c] - new_max);  // now P, unnormalized
             tile_sum += s_row[c];
         }
@@ -119,6 +129,8 @@ wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
 
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    static_assert(Layout<D>::bytes <= 101376,
+                  "101,376 bytes is the per-block opt-in shared-memory limit of sm_86 and sm_89");
     return launch_attention(wmma_qk_kernel<D>, BLOCK_ROWS, THREADS, Layout<D>::bytes, s, t, stream);
 }
 
@@ -131,6 +143,7 @@ extern "C" const attn_stage STAGE = {
     "S = QK^T on the tensor cores (WMMA, K read column-major), softmax and scalar PV as stage 04",
     unsupported_head_dim,
     no_workspace,
+    layout_shared_bytes<Layout>,
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80

@@ -174,6 +174,7 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
 
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    static_assert(Layout<D>::bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
     return launch_attention(wmma_pv_kernel<D>, BLOCK_ROWS, THREADS, Layout<D>::bytes, s, t, stream);
 }
 
@@ -186,6 +187,7 @@ extern "C" const attn_stage STAGE = {
     "both products on the tensor cores (WMMA); O in accumulator fragments, rescaled by a row map",
     unsupported_head_dim,
     no_workspace,
+    layout_shared_bytes<Layout>,
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80

@@ -222,6 +222,7 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
 
 template <int D>
 static cudaError_t launch(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    static_assert(Layout<D>::bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
     return launch_attention(swizzle_cp_async_kernel<D>, BLOCK_ROWS, THREADS, Layout<D>::bytes, s, t, stream);
 }
 
@@ -234,6 +235,7 @@ extern "C" const attn_stage STAGE = {
     "ldmatrix + mma.sync with S and P in registers, XOR-swizzled tiles, a 2-stage cp.async ring",
     unsupported_head_dim,
     no_workspace,
+    layout_shared_bytes<Layout>,
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80

@@ -1,126 +1,104 @@
-// Stage 08, backward - FlashAttention-2's backward pass on Hopper: wgmma, a TMA producer
-// warpgroup and two consumer warpgroups per block (the forward's structure), in three kernels
-// and with no atomics.
+// Stage 08, backward - FlashAttention-2's backward pass on mma.sync.
 //
 // The idea: the forward saved only O and each row's log-sum-exp, so P is recomputed tile by tile
 // (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
-//   D_i = rowsum(dO ∘ O)      (backward_delta, a small pre-pass)
-//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - D),  dK += dSᵀ Q     (backward_dk_dv)
-//   dP = dO Vᵀ,   dS = P ∘ (dP - D),  dQ += dS K                        (backward_dq)
-// backward_dk_dv gives each block 128 keys (64 per consumer warpgroup) and walks over the query
-// tiles, holding dK and dV in registers; backward_dq gives each block 128 queries and walks over
-// the key tiles, holding dQ. Each block owns its output rows, so nothing is accumulated across
-// blocks: no atomics, and the result is deterministic. The price is that S and dP are computed
-// twice (once per kernel): 7 matrix products instead of FlashAttention-2's 5, which instead adds
-// dQ with atomics from the dK/dV kernel. The two products that read only shared memory (S or Sᵀ,
-// dP or dPᵀ) are issued together; the accumulators Pᵀ, dSᵀ and dS then become the A operands
-// of the next products straight from registers.
-// What changed from the mma.sync version of this file (in git history): wgmma, TMA, setmaxnreg,
-// 128-row blocks; the math is the same.
-// Limits: Hopper only; the walked tile is 64 rows, and a consumer waits for each product.
+//   delta_i = rowsum(dO ∘ O)                                     (backward_delta, a pre-pass)
+//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - delta),  dK += dSᵀ Q       (backward_dk_dv)
+//   dQ += dS K
+// backward_dk_dv gives each block 64 keys and walks over the query tiles, holding dK and dV in
+// registers. dQ's rows are queries, which every key block touches, so dQ is summed across
+// blocks in one of two ways (kAtomicDq):
+//   atomics: each block writes dSᵀ to shared memory, multiplies dS K for the
+//     walked query tile and adds it to a float dQ accumulator in global memory with atomicAdd;
+//     backward_dq_convert turns the sums into fp16. Five matrix products; the order of the adds
+//     varies from run to run, so dQ's last bits do too.
+//   deterministic (the default, faster here): backward_dq gives each block 64 queries and walks over the key tiles,
+//     recomputing S and dP (seven products instead of five), and owns its dQ rows outright.
+// Every product runs on the tensor cores, and each accumulator is reused as the A operand of the
+// next product in registers (Pᵀ for dV, dSᵀ for dK, dS for dQ in backward_dq), as in stage 07.
+// Limits: 16 rows per warp and a block-wide cp.async ring (stage 07's pipeline; the walked tiles
+// are shared by all four warps, so a producer warp would only add registers); dQ's atomics are
+// 64 x D floats per key block and query tile.
 #include <math.h>
 
 #include "kernel_common.cuh"
+#include "mma_ptx.cuh"
+#include "backward_common.cuh"
 #include "stage08.h"
-#include "wgmma_ptx.cuh"
 
-#define BWD_GROUPS 2                              // consumer warpgroups
-#define BWD_OWN (64 * BWD_GROUPS)                 // rows a block owns: keys (dK/dV) or queries (dQ)
-#define BWD_WALK 64                               // rows of the tiles walked over
-#define BWD_THREADS (128 * (BWD_GROUPS + 1))
-#define BWD_STAGES 2
+// dQ by a second, deterministic kernel (0, measured faster: lesson) or by atomics (1, -DATOMIC_DQ=1).
+#ifndef ATOMIC_DQ
+#define ATOMIC_DQ 0
+#endif
+constexpr bool kAtomicDq = ATOMIC_DQ;
 
-// D_i = dO_i . O_i, one warp per row.
-__global__ void backward_delta(const __half *o, const __half *d_o, float *delta, int rows, int D) {
-    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    float sum = 0.0f;
-    for (int d = 2 * lane; d < D; d += 64) {
-        const float2 a = __half22float2(*(const __half2 *)(o + (size_t)row * D + d));
-        const float2 b = __half22float2(*(const __half2 *)(d_o + (size_t)row * D + d));
-        sum += a.x * b.x + a.y * b.y;
-    }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) delta[row] = sum;
-}
-
-// Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
-// ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, then the mbarriers.
+#define BWD_WARPS 4
+#define BWD_THREADS (32 * BWD_WARPS)
+#define BWD_ROWS (16 * BWD_WARPS)  // rows each block owns: keys in dk_dv, queries in dq
+// Shared memory of the backward kernels. Each block owns BWD_ROWS rows (keys in dk_dv, queries
+// in dq) of two tensors and walks over tiles of WALK rows of two others, through a 2-slot ring.
+// WALK is 64 at D = 64 and 32 at D = 128, where dK and dV (or dQ) already take 128 (or 64)
+// registers per thread. With atomic dQ, dk_dv also keeps dSᵀ of one walked tile, padded by 8
+// halves a row so that ldmatrix reads and the warps' writes spread over the banks.
 template <int D> struct BwdLayout {
-    static constexpr int OWN_ELEMS = BWD_OWN * D;
-    static constexpr int WALK_ELEMS = BWD_WALK * D;
-    static constexpr size_t bytes = 1024 + sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS) +
-                                    sizeof(uint64_t) * (2 * BWD_STAGES + 1);
+    static constexpr int WALK = D == 64 ? 64 : 32;
+    static constexpr int DS_LD = WALK + 8;
+    static constexpr size_t dq_bytes = sizeof(__half) * (2 * BWD_ROWS * D + 2 * 2 * WALK * D);
+    static constexpr size_t dk_dv_bytes = dq_bytes + (kAtomicDq ? sizeof(__half) * BWD_ROWS * DS_LD : 0);
+    static_assert(dk_dv_bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
 
-// The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
-// (rows own0.., onto own_full) and then, for walked tile i = 0, 1, ..., rows walk0 + 64 i of the
-// two walked tensors into ring slot i % BWD_STAGES.
-struct BwdSmem {
-    __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [BWD_STAGES][tile]
-    uint64_t *full, *empty, *own_full;
-};
-
-template <int D>
-__device__ inline BwdSmem bwd_smem(unsigned char *raw) {
-    using L = BwdLayout<D>;
-    BwdSmem m;
-    m.own_a = (__half *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
-    m.own_b = m.own_a + L::OWN_ELEMS;
-    m.walk_a = m.own_b + L::OWN_ELEMS;
-    m.walk_b = m.walk_a + BWD_STAGES * L::WALK_ELEMS;
-    m.full = (uint64_t *)(m.walk_b + BWD_STAGES * L::WALK_ELEMS);
-    m.empty = m.full + BWD_STAGES;
-    m.own_full = m.empty + BWD_STAGES;
-    return m;
+// fp32 accumulator blocks 2k and 2k + 1 (each 16 x 8) as one fp16 A operand (16 x 16).
+__device__ inline void pack_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_half2(lo[0], lo[1]);
+    a[1] = pack_half2(lo[2], lo[3]);
+    a[2] = pack_half2(hi[0], hi[1]);
+    a[3] = pack_half2(hi[2], hi[3]);
 }
 
-template <int D>
-__device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, const CUtensorMap *own_b,
-                                   const CUtensorMap *walk_a, const CUtensorMap *walk_b, int own0, int walk0,
-                                   int n_tiles, int head_index) {
-    using L = BwdLayout<D>;
-    tma_prefetch_descriptor(own_a), tma_prefetch_descriptor(own_b);
-    tma_prefetch_descriptor(walk_a), tma_prefetch_descriptor(walk_b);
-    mbarrier_arrive_expect_tx(m.own_full, 2 * sizeof(__half) * L::OWN_ELEMS);
-    for (int c = 0; c < D / 64; c++) {
-        tma_load_3d(m.own_a + c * BWD_OWN * 64, own_a, c * 64, own0, head_index, m.own_full);
-        tma_load_3d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, head_index, m.own_full);
-    }
-    for (int tile = 0; tile < n_tiles; tile++) {
-        const int slot = tile % BWD_STAGES;
-        if (tile >= BWD_STAGES) mbarrier_wait(&m.empty[slot], (tile / BWD_STAGES - 1) & 1);
-        mbarrier_arrive_expect_tx(&m.full[slot], 2 * sizeof(__half) * L::WALK_ELEMS);
-        for (int c = 0; c < D / 64; c++) {
-            const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
-            tma_load_3d(m.walk_a + dst, walk_a, c * 64, walk0 + tile * BWD_WALK, head_index, &m.full[slot]);
-            tma_load_3d(m.walk_b + dst, walk_b, c * 64, walk0 + tile * BWD_WALK, head_index, &m.full[slot]);
+// acc[n] (n = 0 .. N/8-1) += A(16 rows of a_tile from row a_row0) x Bᵀ(N rows of b_tile), over D.
+template <int D, int N>
+__device__ inline void product_abt(float acc[N / 8][4], const __half *a_tile, int a_row0, const __half *b_tile, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        load_a_frag<D>(a, a_tile, a_row0, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < N / 16; n++) {
+            uint32_t b[4];
+            load_b_frags_of_rows<D>(b, b_tile, n * 16, kk * 16, lane);
+            mma_m16n8k16(acc[2 * n], a, b[0], b[1]);
+            mma_m16n8k16(acc[2 * n + 1], a, b[2], b[3]);
         }
     }
 }
 
-// acc (64 x 64, this warpgroup's rows own_row0..) = A Bᵀ over D, A rows in an owned tile and B
-// rows in a walked tile: both K-major. Issued, not waited for.
-template <int D>
-__device__ inline void product_abt(float acc[32], const __half *own, int own_row0, const __half *walk) {
+// out[j] (j = 0 .. D/8-1) += P(16 x K, accumulators in registers) x B(K rows of b_tile).
+template <int D, int K>
+__device__ inline void product_pb(float out[D / 8][4], const float p[K / 8][4], const __half *b_tile, int lane) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        wgmma_m64k16_ss<BWD_WALK>(acc, desc_k_major<BWD_OWN>(own, own_row0, kk), desc_k_major<BWD_WALK>(walk, 0, kk),
-                                  kk > 0);
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t a[4];
+        pack_a(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 16; n++) {
+            uint32_t b[4];
+            load_b_frags_trans<D>(b, b_tile, kk * 16, n * 16, lane);
+            mma_m16n8k16(out[2 * n], a, b[0], b[1]);
+            mma_m16n8k16(out[2 * n + 1], a, b[2], b[3]);
+        }
+    }
 }
 
-// out (64 x D) += A B, A = a 64 x 64 accumulator (fp16 in registers), B = a walked tile (N-major).
-template <int D>
-__device__ inline void product_acc_b(float out[D / 2], const float a_acc[32], const __half *walk) {
-    uint32_t frag[BWD_WALK / 16][4];
-    pack_a_frags<BWD_WALK>(frag, a_acc);
+template <int N>
+__device__ inline void zero(float acc[N][4]) {
 #pragma unroll
-    for (int kk = 0; kk < BWD_WALK / 16; kk++) wgmma_m64k16_rs_tn<D>(out, frag[kk], desc_n_major<BWD_WALK>(walk, kk));
+    for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 }
 
-// Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to a [S, D] matrix.
+// Writes 16 rows (g, g + 8 of the warp's tile starting at row0) of a [S, D] fp16 matrix.
 template <int D>
-__device__ inline void store_rows(__half *dst, const float acc[D / 2], float factor, int row0, int S, int lane) {
+__device__ inline void store_rows(__half *dst, const float acc[D / 8][4], float factor, int row0, int S, int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -129,196 +107,272 @@ __device__ inline void store_rows(__half *dst, const float acc[D / 2], float fac
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
             *(__half2 *)(dst + (size_t)row * D + j * 8 + 2 * t) =
-                __floats2half2_rn(acc[4 * j + 2 * r] * factor, acc[4 * j + 2 * r + 1] * factor);
+                __floats2half2_rn(acc[j][2 * r] * factor, acc[j][2 * r + 1] * factor);
     }
 }
 
-// dK, dV for BWD_OWN keys per block; query tiles (Q and dO) stream through the ring. Everything is
-// computed transposed (keys as rows), so that Pᵀ and dSᵀ come out as accumulators with keys as
-// rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
+// Atomic dQ for one walked query tile (QT queries from i0): dQ += dS K over this block's keys,
+// where dSᵀ (16 keys x QT queries per warp) is in the warps' registers. dQ's rows are queries, so
+// the product needs every warp's keys: dSᵀ goes to shared memory, and each warp then takes 16
+// query rows and 64 columns of the QT x D tile. A = dS comes from dSᵀ by ldmatrix.trans, as B = V
+// does in the forward; B = K is the block's own K tile.
 template <int D>
-__global__ void __launch_bounds__(BWD_THREADS, 1)
-backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-               const float *lse_log2, const float *delta, __half *dk, __half *dv, int S, float scale, int causal) {
-#if FLASH_STAGES_SM90A
-    extern __shared__ unsigned char smem_raw[];
-    const BwdSmem m = bwd_smem<D>(smem_raw);  // own: K, V; walked: Q, dO
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
-    const int k0 = blockIdx.x * BWD_OWN;
-    const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
-    const int n_tiles = ceil_div(S, BWD_WALK) - first_tile;
-    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
+__device__ inline void add_dq_tile(float *dq_head, __half *ds_t, const float ds[][4], const __half *k_tile, int i0,
+                                   int S, int warp, int lane) {
+    using L = BwdLayout<D>;
+    constexpr int QT = L::WALK, ROW_GROUPS = QT / 16;
+    static_assert(ROW_GROUPS * (D / 64) == BWD_WARPS, "one warp per 16 rows x 64 columns of dQ");
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            *(__half2 *)(ds_t + (warp * 16 + g + 8 * r) * L::DS_LD + n * 8 + 2 * t) =
+                __floats2half2_rn(ds[n][2 * r], ds[n][2 * r + 1]);
+    __syncthreads();  // every warp's dSᵀ is in shared memory
 
-    if (threadIdx.x < 128) {
-        setmaxnreg_dec<24>();
-        if (threadIdx.x == 0)
-            bwd_produce<D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
-    } else {
-        setmaxnreg_inc<240>();
-        const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + (threadIdx.x % 128) / 32 * 16;
-        const float scale_log2 = scale * 1.4426950408889634f;
-        const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
-        float dk_acc[D / 2], dv_acc[D / 2];
+    const int row0 = (warp % ROW_GROUPS) * 16, col0 = (warp / ROW_GROUPS) * 64;
+    float dq_acc[8][4];
+    zero<8>(dq_acc);
 #pragma unroll
-        for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
-        mbarrier_wait(m.own_full, 0);
-
-        for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % BWD_STAGES, q_start = (first_tile + tile) * BWD_WALK;
-            const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
-            const __half *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
-            // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and D.
-            float col_lse[16], col_delta[16];
+    for (int kk = 0; kk < BWD_ROWS / 16; kk++) {
+        // Lane l addresses row l % 8 of 8x8 matrix l / 8 of dS (rows row0.., keys 16kk..): stored
+        // transposed at dSᵀ row 16kk + 8 (l / 16) + l % 8, column row0 + 8 ((l / 8) % 2).
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, ds_t + (kk * 16 + 8 * (lane / 16) + lane % 8) * L::DS_LD + row0 + 8 * (lane / 8 % 2));
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int query = q_start + 8 * j + 2 * t + e;
-                    col_lse[2 * j + e] = query < S ? head_lse[query] : INFINITY;  // P = 0 past S
-                    col_delta[2 * j + e] = query < S ? head_delta[query] : 0.0f;
-                }
-            mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
-
-            float st_acc[32], dpt_acc[32];  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 64 keys x 64 queries
-            wgmma_fence();
-            product_abt<D>(st_acc, m.own_a, group_row0, q_tile);
-            product_abt<D>(dpt_acc, m.own_b, group_row0, do_tile);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<32>(st_acc), fence_operands<32>(dpt_acc);
-
-            // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ - D), in place; masked entries (causal, or queries past S) are 0.
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
-                    float p = exp2f(st_acc[4 * j + e] * scale_log2 - col_lse[2 * j + (e & 1)]);
-                    if (causal && key > query) p = 0.0f;
-                    st_acc[4 * j + e] = p;
-                    dpt_acc[4 * j + e] = p * (dpt_acc[4 * j + e] - col_delta[2 * j + (e & 1)]);
-                }
-            wgmma_fence();
-            product_acc_b<D>(dv_acc, st_acc, do_tile);   // dV += Pᵀ dO
-            product_acc_b<D>(dk_acc, dpt_acc, q_tile);   // dK += dSᵀ Q
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&m.empty[slot]);
+        for (int n = 0; n < 4; n++) {
+            uint32_t b[4];
+            load_b_frags_trans<D>(b, k_tile, kk * 16, col0 + n * 16, lane);
+            mma_m16n8k16(dq_acc[2 * n], a, b[0], b[1]);
+            mma_m16n8k16(dq_acc[2 * n + 1], a, b[2], b[3]);
         }
-        const size_t head = (size_t)head_index * S * D;
-        store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
-        store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
     }
-#else
-    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dk, (void)dv;
-    (void)S, (void)scale, (void)causal;
-#endif
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int query = i0 + row0 + g + 8 * r;
+        if (query >= S) continue;
+        float *dst = dq_head + (size_t)query * D + col0 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; j++) atomicAdd(dst + 8 * j, dq_acc[j][2 * r]), atomicAdd(dst + 8 * j + 1, dq_acc[j][2 * r + 1]);
+    }
 }
 
-// dQ for BWD_OWN queries per block; key tiles (K and V) stream through the ring.
+// dQ = scale * the float sums of the atomic path, as fp16; n is even (D is).
+__global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n, float scale) {
+    for (size_t i = 2 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 2 * (size_t)gridDim.x * blockDim.x) {
+        const float2 x = *(const float2 *)(dq_accum + i);
+        *(__half2 *)(dq + i) = __floats2half2_rn(x.x * scale, x.y * scale);
+    }
+}
+
+// dK, dV for BWD_ROWS keys per block. Each warp holds 16 keys; the query tiles (Q and dO, QT rows
+// each) stream through a 2-slot cp.async ring. Everything is computed transposed (keys as rows),
+// so that Pᵀ and dSᵀ come out as accumulators with keys as rows: the A operands of dV and dK.
 template <int D>
-__global__ void __launch_bounds__(BWD_THREADS, 1)
-backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-            const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-            const float *lse_log2, const float *delta, __half *dq, int S, float scale, int causal) {
-#if FLASH_STAGES_SM90A
-    extern __shared__ unsigned char smem_raw[];
-    const BwdSmem m = bwd_smem<D>(smem_raw);  // own: Q, dO; walked: K, V
+__global__ void __launch_bounds__(BWD_THREADS)
+backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
+               const float *delta, __half *dk, __half *dv, float *dq_accum, int S, float scale, int causal) {
+    using L = BwdLayout<D>;
+    constexpr int QT = L::WALK;
+    constexpr int SLOT = 2 * QT * D;  // halves: Q tile then dO tile
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *k_tile = (__half *)smem;         // [BWD_ROWS][D]
+    __half *v_tile = k_tile + BWD_ROWS * D;  // [BWD_ROWS][D]
+    __half *ring = v_tile + BWD_ROWS * D;    // [2][Q tile, dO tile]
+    __half *ds_t = ring + 2 * SLOT;          // [BWD_ROWS][DS_LD]: dSᵀ, keys as rows (atomic dQ only)
+
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const size_t head = (size_t)head_index * S * D;
+    const float *lse_head = lse_log2 + (size_t)head_index * S, *delta_head = delta + (size_t)head_index * S;
+    const int j0 = blockIdx.x * BWD_ROWS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float scale_log2 = scale * 1.4426950408889634f;
+    // Causal: queries before j0 see none of these keys.
+    const int first_tile = causal ? j0 / QT : 0, n_tiles = ceil_div(S, QT);
+
+    cp_async_tile<BWD_ROWS, D>(k_tile, k + head, j0, S);
+    cp_async_tile<BWD_ROWS, D>(v_tile, v + head, j0, S);
+    for (int s = 0; s < 2; s++) {
+        if (first_tile + s < n_tiles) {
+            cp_async_tile<QT, D>(ring + s * SLOT, q + head, (first_tile + s) * QT, S);
+            cp_async_tile<QT, D>(ring + s * SLOT + QT * D, d_o + head, (first_tile + s) * QT, S);
+        }
+        cp_async_commit();
+    }
+
+    float dk_acc[D / 8][4], dv_acc[D / 8][4];
+    zero<D / 8>(dk_acc);
+    zero<D / 8>(dv_acc);
+    const int key_lo = j0 + warp * 16 + g;  // this thread's keys: key_lo, key_lo + 8
+
+    for (int tile = first_tile; tile < n_tiles; tile++) {
+        cp_async_wait<1>();
+        __syncthreads();
+        const __half *q_tile = ring + ((tile - first_tile) % 2) * SLOT, *do_tile = q_tile + QT * D;
+        const int i0 = tile * QT;
+
+        // Sᵀ = K Qᵀ (16 keys x QT queries per warp), then Pᵀ in place.
+        float p[QT / 8][4];
+        zero<QT / 8>(p);
+        product_abt<D, QT>(p, k_tile, warp * 16, q_tile, lane);
+        const bool masked = i0 + QT > S || (causal && i0 < j0 + BWD_ROWS);
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int query = i0 + n * 8 + 2 * t + c;
+                // Past S: lse = +inf makes P = 0 (those Q and dO rows are zero-filled anyway).
+                const float lse = query < S ? lse_head[query] : INFINITY;
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float x = exp2f(p[n][2 * r + c] * scale_log2 - lse);
+                    if (masked && causal && query < key_lo + 8 * r) x = 0.0f;
+                    p[n][2 * r + c] = x;
+                }
+            }
+
+        // dV += Pᵀ dO.
+        product_pb<D, QT>(dv_acc, p, do_tile, lane);
+
+        // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ - D_query) in place, then dK += dSᵀ Q.
+        float ds[QT / 8][4];
+        zero<QT / 8>(ds);
+        product_abt<D, QT>(ds, v_tile, warp * 16, do_tile, lane);
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int query = i0 + n * 8 + 2 * t + c;
+                const float d_i = query < S ? delta_head[query] : 0.0f;
+                ds[n][c] = p[n][c] * (ds[n][c] - d_i);
+                ds[n][2 + c] = p[n][2 + c] * (ds[n][2 + c] - d_i);
+            }
+        product_pb<D, QT>(dk_acc, ds, q_tile, lane);
+        if constexpr (kAtomicDq) add_dq_tile<D>(dq_accum + head, ds_t, ds, k_tile, i0, S, warp, lane);
+
+        __syncthreads();  // everyone is done with this slot: refill it with tile + 2
+        if (tile + 2 < n_tiles) {
+            cp_async_tile<QT, D>(ring + ((tile - first_tile) % 2) * SLOT, q + head, (tile + 2) * QT, S);
+            cp_async_tile<QT, D>(ring + ((tile - first_tile) % 2) * SLOT + QT * D, d_o + head, (tile + 2) * QT, S);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+
+    // S = scale Q Kᵀ, so dK = scale dSᵀ Q; dV needs no factor.
+    store_rows<D>(dk + head, dk_acc, scale, j0 + warp * 16, S, lane);
+    store_rows<D>(dv + head, dv_acc, 1.0f, j0 + warp * 16, S, lane);
+}
+
+// dQ for BWD_ROWS queries per block. Each warp holds 16 queries; K and V tiles (KT rows each)
+// stream through a 2-slot cp.async ring.
+template <int D>
+__global__ void __launch_bounds__(BWD_THREADS)
+backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
+            const float *delta, __half *dq, int S, float scale, int causal) {
+    constexpr int KT = BwdLayout<D>::WALK;
+    constexpr int SLOT = 2 * KT * D;  // K tile then V tile
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *q_tile = (__half *)smem;           // [BWD_ROWS][D]
+    __half *do_tile = q_tile + BWD_ROWS * D;   // [BWD_ROWS][D]
+    __half *ring = do_tile + BWD_ROWS * D;     // [2][K tile, V tile]
+
+    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const size_t head = (size_t)head_index * S * D;
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
-    const int q0 = q_block * BWD_OWN;
-    const int n_tiles = ceil_div(causal ? min(S, q0 + BWD_OWN) : S, BWD_WALK);
-    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
+    const int i0 = q_block * BWD_ROWS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float scale_log2 = scale * 1.4426950408889634f;
+    const int kv_end = causal ? min(S, i0 + BWD_ROWS) : S, n_tiles = ceil_div(kv_end, KT);
 
-    if (threadIdx.x < 128) {
-        setmaxnreg_dec<24>();
-        if (threadIdx.x == 0) bwd_produce<D>(m, &q_map, &do_map, &k_map, &v_map, q0, 0, n_tiles, head_index);
-    } else {
-        setmaxnreg_inc<240>();
-        const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        const int group_row0 = consumer * 64, warp_query0 = q0 + group_row0 + (threadIdx.x % 128) / 32 * 16;
-        const float scale_log2 = scale * 1.4426950408889634f;
-        float row_lse[2], row_delta[2];  // rows g and g + 8 (rows past S: never stored)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int query = min(warp_query0 + g + 8 * r, S - 1);
-            row_lse[r] = lse_log2[(size_t)head_index * S + query];
-            row_delta[r] = delta[(size_t)head_index * S + query];
+    cp_async_tile<BWD_ROWS, D>(q_tile, q + head, i0, S);
+    cp_async_tile<BWD_ROWS, D>(do_tile, d_o + head, i0, S);
+    for (int s = 0; s < 2; s++) {
+        if (s < n_tiles) {
+            cp_async_tile<KT, D>(ring + s * SLOT, k + head, s * KT, S);
+            cp_async_tile<KT, D>(ring + s * SLOT + KT * D, v + head, s * KT, S);
         }
-        float dq_acc[D / 2];
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) dq_acc[i] = 0.0f;
-        mbarrier_wait(m.own_full, 0);
-
-        for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % BWD_STAGES, k0 = tile * BWD_WALK;
-            const __half *k_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
-            const __half *v_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
-            mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
-
-            float s_acc[32], dp_acc[32];  // S = Q Kᵀ and dP = dO Vᵀ, 64 queries x 64 keys
-            wgmma_fence();
-            product_abt<D>(s_acc, m.own_a, group_row0, k_tile);
-            product_abt<D>(dp_acc, m.own_b, group_row0, v_tile);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<32>(s_acc), fence_operands<32>(dp_acc);
-
-            // dS = P ∘ (dP - D), in place in s_acc; masked keys (past S, or causal) give 0.
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e / 2, key = k0 + 8 * j + 2 * t + (e & 1), query = warp_query0 + g + 8 * r;
-                    float p = exp2f(s_acc[4 * j + e] * scale_log2 - row_lse[r]);
-                    if (key >= S || (causal && key > query)) p = 0.0f;
-                    s_acc[4 * j + e] = p * (dp_acc[4 * j + e] - row_delta[r]);
-                }
-            wgmma_fence();
-            product_acc_b<D>(dq_acc, s_acc, k_tile);  // dQ += dS K
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<D / 2>(dq_acc);
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&m.empty[slot]);
-        }
-        store_rows<D>(dq + (size_t)head_index * S * D, dq_acc, scale, warp_query0, S, lane);
+        cp_async_commit();
     }
-#else
-    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq;
-    (void)S, (void)scale, (void)causal;
-#endif
+
+    // This thread's rows: query_lo and query_lo + 8, with their lse and D.
+    const int query_lo = i0 + warp * 16 + g;
+    float lse[2], d_i[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int query = query_lo + 8 * r;
+        lse[r] = query < S ? lse_log2[(size_t)head_index * S + query] : INFINITY;
+        d_i[r] = query < S ? delta[(size_t)head_index * S + query] : 0.0f;
+    }
+    float dq_acc[D / 8][4];
+    zero<D / 8>(dq_acc);
+
+    for (int tile = 0; tile < n_tiles; tile++) {
+        cp_async_wait<1>();
+        __syncthreads();
+        const __half *k_tile = ring + (tile % 2) * SLOT, *v_tile = k_tile + KT * D;
+        const int k0 = tile * KT;
+
+        // S = Q Kᵀ, P in place; dP = dO Vᵀ; dS = P ∘ (dP - D) in place; dQ += dS K.
+        float p[KT / 8][4], ds[KT / 8][4];
+        zero<KT / 8>(p);
+        zero<KT / 8>(ds);
+        product_abt<D, KT>(p, q_tile, warp * 16, k_tile, lane);
+        product_abt<D, KT>(ds, do_tile, warp * 16, v_tile, lane);
+        const bool masked = k0 + KT > S || (causal && k0 + KT - 1 > i0);
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + n * 8 + 2 * t + (e & 1), r = e / 2;
+                float x = exp2f(p[n][e] * scale_log2 - lse[r]);
+                if (masked && (key >= S || (causal && key > query_lo + 8 * r))) x = 0.0f;
+                ds[n][e] = x * (ds[n][e] - d_i[r]);
+            }
+        product_pb<D, KT>(dq_acc, ds, k_tile, lane);
+
+        __syncthreads();
+        if (tile + 2 < n_tiles) {
+            cp_async_tile<KT, D>(ring + (tile % 2) * SLOT, k + head, (tile + 2) * KT, S);
+            cp_async_tile<KT, D>(ring + (tile % 2) * SLOT + KT * D, v + head, (tile + 2) * KT, S);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    store_rows<D>(dq + head, dq_acc, scale, i0 + warp * 16, S, lane);
+}
+
+size_t stage08_workspace_bytes(const attn_shape *s) {
+    return lse_delta_workspace_bytes(s) + (kAtomicDq ? sizeof(float) * attn_elems(s) : 0);
+}
+
+size_t stage08_backward_shared_bytes(const attn_shape *s) {
+    return s->dim == 64 ? BwdLayout<64>::dk_dv_bytes : BwdLayout<128>::dk_dv_bytes;
 }
 
 template <int D>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    const int rows = (int)stage08_rows(s), heads_total = s->batch * s->heads;
-    float *lse = stage08_lse(s, t), *delta = stage08_delta(s, t);
-    backward_delta<<<ceil_div(rows, 4), 128, 0, stream>>>((const __half *)t->o, (const __half *)t->d_o,
-                                                          delta, rows, D);
-    // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
-    CUtensorMap own[4], walk[4];  // q, k, v, do
-    const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
-    cudaError_t err = cudaSuccess;
-    for (int i = 0; i < 4 && err == cudaSuccess; i++) {
-        err = make_tensor_map_bhsd(&own[i], tensors[i], heads_total, s->seq, D, BWD_OWN);
-        if (err == cudaSuccess) err = make_tensor_map_bhsd(&walk[i], tensors[i], heads_total, s->seq, D, BWD_WALK);
-    }
-    const size_t smem = BwdLayout<D>::bytes;
-    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D>, smem);
-    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dq<D>, smem);
+    using L = BwdLayout<D>;
+    const float *lse = workspace_lse(s, t), *delta = workspace_delta(s, t);
+    float *dq_accum = (float *)((char *)t->workspace + lse_delta_workspace_bytes(s));
+    launch_backward_delta(s, t, stream);
+    cudaError_t err = allow_dynamic_smem(backward_dk_dv<D>, L::dk_dv_bytes);
+    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, L::dq_bytes);
+    if (err == cudaSuccess && kAtomicDq) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * attn_elems(s), stream);
     if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BWD_OWN), s->heads, s->batch);
+    const dim3 grid(ceil_div(s->seq, BWD_ROWS), s->heads, s->batch);
     const float scale = 1.0f / sqrtf((float)D);
-    backward_dk_dv<D><<<grid, BWD_THREADS, smem, stream>>>(walk[0], own[1], own[2], walk[3], lse, delta,
-                                                           (__half *)t->dk, (__half *)t->dv, s->seq, scale,
-                                                           s->causal);
-    backward_dq<D><<<grid, BWD_THREADS, smem, stream>>>(own[0], walk[1], walk[2], own[3], lse, delta,
-                                                        (__half *)t->dq, s->seq, scale, s->causal);
+    const __half *q = (const __half *)t->q, *k = (const __half *)t->k, *v = (const __half *)t->v;
+    const __half *d_o = (const __half *)t->d_o;
+    backward_dk_dv<D><<<grid, BWD_THREADS, L::dk_dv_bytes, stream>>>(
+        q, k, v, d_o, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq, scale, s->causal);
+    if (kAtomicDq) {
+        backward_dq_convert<<<1024, 256, 0, stream>>>(dq_accum, (__half *)t->dq, attn_elems(s), scale);
+    } else {
+        backward_dq<D><<<grid, BWD_THREADS, L::dq_bytes, stream>>>(q, k, v, d_o, lse, delta, (__half *)t->dq,
+                                                                  s->seq, scale, s->causal);
+    }
     return cudaGetLastError();
 }
 

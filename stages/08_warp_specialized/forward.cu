@@ -1,223 +1,290 @@
-// Stage 08, forward - warp specialization on Hopper: a producer warpgroup feeds K/V tiles with the
-// copy engine (TMA), two consumer warpgroups multiply with wgmma and run the softmax; mbarriers
-// hand the slots of a shared-memory ring over.
+// Stage 08, forward - warp specialization: one producer warp moves K/V tiles into a shared-memory
+// ring, the consumer warps only multiply and run the softmax; mbarriers hand the ring slots over.
 //
-// The idea: in stage 07 every warp issued its share of the next tile's copies and the whole block
-// met at __syncthreads() twice per tile; each warp also pulled every K and V fragment through its
-// own registers with ldmatrix before mma.sync could use it. Here the roles are split and the
-// tensor cores read shared memory themselves:
-//   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for Q once, then for
-//     each K/V tile into ring slot t % STAGES, after the consumers released it (empty[slot]);
-//     the copy engine counts the bytes onto full[slot].
-//   consumers (warpgroups 1, 2; 64 query rows each): wait full[slot], S = Q Kᵀ with wgmma
-//     (both operands in shared memory), mask and online softmax in registers, O += P V with wgmma
-//     (P from registers, V from shared memory), arrive on empty[slot].
-// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240).
-// What changed from stage 07: roles, TMA, wgmma and setmaxnreg, the 128-byte swizzle that TMA
-// writes and wgmma reads (common/wgmma_ptx.cuh), 128 x 128 tiles; the forward also writes each
-// row's log-sum-exp (log2 units) to the workspace for the backward pass (backward.cu).
-// Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); inside
-// a consumer warpgroup the softmax waits for its S product and the P V product for the softmax:
-// only the other warpgroup overlaps them (FlashAttention-3 also pipelines within a group).
+// The idea: in stage 07 every warp issued its share of the next tile's cp.async and the whole
+// block met at __syncthreads() twice per tile, so the slowest warp set everyone's pace. Here the
+// roles are split. The producer warp fills slot s of a STAGES-deep ring, and its copies arrive on
+// full[s] as they land (cp.async.mbarrier.arrive); a consumer warp waits on full[s], computes, and
+// arrives on empty[s]; the producer waits on empty[s] before refilling it. No block-wide barrier
+// remains inside the loop, and each consumer warp runs ahead as far as the ring allows.
+// What changed from stage 07: the producer warp and the full/empty mbarrier pair per slot
+// (wrappers in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block
+// per SM instead of four warps and 2-3 blocks; a 3-slot ring at D = 64, 32-key tiles at D = 128
+// (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the workspace, which
+// the backward pass (backward.cu) reads. The consumers' math is stage 07's.
+// Limits: registers are given per kernel, not per role: the producer warp holds as many as a
+// consumer (sm_90a's setmaxnreg, stage 09, moves them), so an SM runs 7 consumer warps where
+// stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks leave SMs idle on small problems. The tensor cores are
+// still fed from registers (ldmatrix + mma.sync), so the consumers, not the loads, set the pace.
 #include <math.h>
 
 #include "kernel_common.cuh"
+#include "mma_ptx.cuh"
 #include "stage08.h"
-#include "wgmma_ptx.cuh"
 
-#define CONSUMER_GROUPS 2
-#define GROUP_ROWS 64                                // one wgmma M per consumer warpgroup
-#define BLOCK_ROWS (CONSUMER_GROUPS * GROUP_ROWS)  // 128 query rows per block
-#define KEY_TILE 128
-#define THREADS (128 * (CONSUMER_GROUPS + 1))      // producer warpgroup + consumer warpgroups
-#define SLAB 64                                      // fp16 columns per 128-byte swizzled slab
+// The configuration, per head dim, chosen by measurement (lesson; plots/stage_variants.sh builds
+// the others); each number can be set with -D to rebuild the stage. An SM's registers sit in four
+// quarters, one per warp scheduler, and each warp takes all of its registers from one quarter, so
+// the cap per thread is set by the quarter with the most warps: a block of 7 consumers + 1
+// producer puts 2 warps on each quarter and lets every thread have 255 registers.
+#ifndef CONSUMERS
+#define CONSUMERS 7         // consumer warps; warp CONSUMERS is the producer
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1        // blocks per SM the register cap must allow
+#endif
+#ifndef KEY_TILE_D64
+#define KEY_TILE_D64 64     // keys per K/V tile
+#endif
+#ifndef KEY_TILE_D128
+#define KEY_TILE_D128 32    // at D = 128, 224 rows of Q take 56 KB: 2 slots of 64 keys would not fit
+#endif
+#ifndef STAGES_D64
+#define STAGES_D64 3        // ring slots
+#endif
+#ifndef STAGES_D128
+#define STAGES_D128 2
+#endif
+#define ROW_TILES 2         // 16-row mma tiles per consumer warp, as in stage 07
+#define WARP_ROWS (16 * ROW_TILES)
 
-template <int D> struct FwdLayout {
-    static constexpr int STAGES = D == 64 ? 3 : 2;  // ring slots: as many as fit next to Q
-    static constexpr int Q_ELEMS = BLOCK_ROWS * D;
-    static constexpr int TILE_ELEMS = KEY_TILE * D;
-    // Q [D/64][BLOCK_ROWS][64], K and V rings [STAGES][D/64][KEY_TILE][64], then the mbarriers;
-    // 1024 spare bytes to align the start to a swizzle atom.
-    static constexpr size_t bytes =
-        1024 + sizeof(__half) * (Q_ELEMS + 2 * STAGES * TILE_ELEMS) + sizeof(uint64_t) * (2 * STAGES + 1);
+template <int D> struct Config {
+    static constexpr int KEY_TILE = D == 64 ? KEY_TILE_D64 : KEY_TILE_D128;
+    static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
+    static constexpr int BLOCK_ROWS = CONSUMERS * WARP_ROWS;
+    static constexpr int THREADS = 32 * (CONSUMERS + 1);
+    static constexpr int TILE = KEY_TILE * D;  // halves in one K or V tile
+    // 128 bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the fp16 tiles.
+    static constexpr size_t bytes = 128 + sizeof(__half) * (BLOCK_ROWS * D + 2 * STAGES * TILE);
+    static_assert(sizeof(uint64_t) * (2 * STAGES + 1) <= 128, "mbarriers overflow their 128 bytes");
+    static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
 
 template <int D>
-__global__ void __launch_bounds__(THREADS, 1)
-wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-              const __grid_constant__ CUtensorMap v_map, __half *o, float *lse_log2, int S, float scale,
-              int causal) {
-#if FLASH_STAGES_SM90A
-    using L = FwdLayout<D>;
-    constexpr int STAGES = L::STAGES;
-    extern __shared__ unsigned char smem_raw[];
-    __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    __half *k_ring = q_tile + L::Q_ELEMS;
-    __half *v_ring = k_ring + STAGES * L::TILE_ELEMS;
-    uint64_t *full = (uint64_t *)(v_ring + STAGES * L::TILE_ELEMS);  // [STAGES]: K/V tile landed
-    uint64_t *empty = full + STAGES;                                // [STAGES]: consumers done
-    uint64_t *q_full = empty + STAGES;
+__global__ void __launch_bounds__(Config<D>::THREADS, MIN_BLOCKS)
+warp_specialized_forward(const __half *q, const __half *k, const __half *v, __half *o,
+                         float *lse_log2, int S, float scale, int causal) {
+    using L = Config<D>;
+    constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
+    constexpr int BLOCK_ROWS = L::BLOCK_ROWS;
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint64_t *full = (uint64_t *)smem;         // [STAGES]: slot s holds a landed tile
+    uint64_t *empty = full + STAGES;           // [STAGES]: every consumer is done with slot s
+    uint64_t *q_full = empty + STAGES;         // Q has landed
+    __half *q_tile = (__half *)(smem + 128);   // [BLOCK_ROWS][D], swizzled
+    __half *k_ring = q_tile + BLOCK_ROWS * D;  // [STAGES][KEY_TILE][D], swizzled
+    __half *v_ring = k_ring + STAGES * L::TILE;
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const size_t head = (size_t)head_index * S * D;
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int q0 = q_block * BLOCK_ROWS;
     const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
     const int n_tiles = ceil_div(kv_end, KEY_TILE);
-    const int group = threadIdx.x / 128;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    init_tma_ring(full, empty, STAGES, 4 * CONSUMER_GROUPS, q_full);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbarrier_init(&full[s], 32);          // one arrival per producer lane
+            mbarrier_init(&empty[s], CONSUMERS);  // one arrival per consumer warp
+        }
+        mbarrier_init(q_full, 32);
+    }
+    __syncthreads();  // the only block-wide barrier: the mbarriers exist before anyone uses them
 
-    if (group == 0) {
-        // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab.
-        setmaxnreg_dec<24>();
-        if (threadIdx.x == 0) {
-            tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
-            mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
-            for (int c = 0; c < D / SLAB; c++)
-                tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
-            for (int tile = 0; tile < n_tiles; tile++) {
-                const int slot = tile % STAGES;
-                if (tile >= STAGES) mbarrier_wait(&empty[slot], (tile / STAGES - 1) & 1);
-                mbarrier_arrive_expect_tx(&full[slot], 2 * sizeof(__half) * L::TILE_ELEMS);
-                for (int c = 0; c < D / SLAB; c++) {
-                    const int dst = slot * L::TILE_ELEMS + c * KEY_TILE * SLAB;
-                    tma_load_3d(k_ring + dst, &k_map, c * SLAB, tile * KEY_TILE, head_index, &full[slot]);
-                    tma_load_3d(v_ring + dst, &v_map, c * SLAB, tile * KEY_TILE, head_index, &full[slot]);
+    if (warp == CONSUMERS) {
+        // Producer: 32 lanes, 16 bytes per cp.async. Tile t goes to slot t % STAGES. The n-th use
+        // of a slot (n = t / STAGES) waits for the consumers' (n-1)-th release of it: phase n - 1
+        // of empty[slot], whose parity is (n - 1) & 1.
+        for (int i = lane; i < BLOCK_ROWS * (D / 8); i += 32) {
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+            const bool valid = q0 + r < S;
+            cp_async_16(q_tile + swizzle<D>(r, c), q + head + (size_t)(valid ? q0 + r : 0) * D + c, valid);
+        }
+        cp_async_mbarrier_arrive(q_full);
+        for (int tile = 0; tile < n_tiles; tile++) {
+            const int slot = tile % STAGES;
+            if (tile >= STAGES) mbarrier_wait(&empty[slot], (tile / STAGES - 1) & 1);
+            const int k0 = tile * KEY_TILE;
+            for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
+                const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+                const bool valid = k0 + r < S;
+                const size_t src = head + (size_t)(valid ? k0 + r : 0) * D + c;
+                cp_async_16(k_ring + slot * L::TILE + swizzle<D>(r, c), k + src, valid);
+                cp_async_16(v_ring + slot * L::TILE + swizzle<D>(r, c), v + src, valid);
+            }
+            cp_async_mbarrier_arrive(&full[slot]);  // fires when this lane's copies have landed
+        }
+        cp_async_wait<0>();  // leave no copy in flight when the warp exits
+        return;
+    }
+
+    // Consumers: stage 07's math, with waits on mbarriers instead of __syncthreads().
+    const int g = lane / 4, t = lane % 4;
+    const int warp_row0 = warp * WARP_ROWS;
+    const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    float o_acc[ROW_TILES][D / 8][4];
+    float row_max[ROW_TILES][2], row_sum[ROW_TILES][2];
+#pragma unroll
+    for (int m = 0; m < ROW_TILES; m++) {
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) o_acc[m][j][0] = o_acc[m][j][1] = o_acc[m][j][2] = o_acc[m][j][3] = 0.0f;
+        row_max[m][0] = row_max[m][1] = -INFINITY;
+        row_sum[m][0] = row_sum[m][1] = 0.0f;
+    }
+    mbarrier_wait(q_full, 0);
+
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int slot = tile % STAGES;
+        mbarrier_wait(&full[slot], (tile / STAGES) & 1);  // the n-th fill of the slot: phase n
+        const __half *k_tile = k_ring + slot * L::TILE;
+        const __half *v_tile = v_ring + slot * L::TILE;
+        const int k0 = tile * KEY_TILE;
+
+        if (!causal || k0 <= warp_last_query) {
+            // S = Q Kᵀ, as stage 07.
+            float s_acc[ROW_TILES][KEY_TILE / 8][4];
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+                for (int n = 0; n < KEY_TILE / 8; n++) s_acc[m][n][0] = s_acc[m][n][1] = s_acc[m][n][2] = s_acc[m][n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t q_frag[ROW_TILES][4];
+#pragma unroll
+                for (int m = 0; m < ROW_TILES; m++) load_a_frag<D>(q_frag[m], q_tile, warp_row0 + 16 * m, kk * 16, lane);
+#pragma unroll
+                for (int n = 0; n < KEY_TILE / 16; n++) {
+                    uint32_t b[4];
+                    load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
+#pragma unroll
+                    for (int m = 0; m < ROW_TILES; m++) {
+                        mma_m16n8k16(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
+                        mma_m16n8k16(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
+                    }
+                }
+            }
+
+            // Masks: only the tail tile and, when causal, tiles reaching past the warp's first row.
+            if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
+#pragma unroll
+                for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+                    for (int n = 0; n < KEY_TILE / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + n * 8 + 2 * t + (e & 1);
+                            const int query = q0 + warp_row0 + 16 * m + g + (e < 2 ? 0 : 8);
+                            if (key >= S || (causal && key > query)) s_acc[m][n][e] = -INFINITY;
+                        }
+            }
+
+            // Online softmax on the thread's rows; the 4 lanes of a quad share a row.
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float tile_max = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < KEY_TILE / 8; n++)
+                        tile_max = fmaxf(tile_max, fmaxf(s_acc[m][n][2 * r], s_acc[m][n][2 * r + 1]));
+                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+                    const float new_max = fmaxf(row_max[m][r], tile_max * scale_log2);
+                    const float alpha = exp2f(row_max[m][r] - new_max);
+                    row_max[m][r] = new_max;
+                    float tile_sum = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < KEY_TILE / 8; n++)
+#pragma unroll
+                        for (int e = 2 * r; e < 2 * r + 2; e++) {
+                            s_acc[m][n][e] = exp2f(s_acc[m][n][e] * scale_log2 - new_max);
+                            tile_sum += s_acc[m][n][e];
+                        }
+                    row_sum[m][r] = row_sum[m][r] * alpha + tile_sum;
+#pragma unroll
+                    for (int j = 0; j < D / 8; j++) o_acc[m][j][2 * r] *= alpha, o_acc[m][j][2 * r + 1] *= alpha;
+                }
+
+            // O += P V, P straight from the S accumulators, as stage 07.
+#pragma unroll
+            for (int kk = 0; kk < KEY_TILE / 16; kk++) {
+                uint32_t p_frag[ROW_TILES][4];
+#pragma unroll
+                for (int m = 0; m < ROW_TILES; m++) {
+                    p_frag[m][0] = pack_half2(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
+                    p_frag[m][1] = pack_half2(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
+                    p_frag[m][2] = pack_half2(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
+                    p_frag[m][3] = pack_half2(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int n = 0; n < D / 16; n++) {
+                    uint32_t b[4];
+                    load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
+#pragma unroll
+                    for (int m = 0; m < ROW_TILES; m++) {
+                        mma_m16n8k16(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
+                        mma_m16n8k16(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
+                    }
                 }
             }
         }
-    } else {
-        setmaxnreg_inc<240>();
-        const int consumer = group - 1;
-        const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        const int warp_row0 = consumer * GROUP_ROWS + (threadIdx.x % 128) / 32 * 16;  // in the block
-        const float scale_log2 = scale * 1.4426950408889634f;
+        __syncwarp();                                  // the whole warp is done reading the slot ...
+        if (lane == 0) mbarrier_arrive(&empty[slot]);  // ... so it may be refilled
+    }
 
-        float o_acc[D / 2];  // [D/8 n8 blocks][4], the wgmma accumulator layout
+    // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
 #pragma unroll
-        for (int i = 0; i < D / 2; i++) o_acc[i] = 0.0f;
-        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-        mbarrier_wait(q_full, 0);
-
-        for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % STAGES;
-            const int k0 = tile * KEY_TILE;
-            const __half *k_tile = k_ring + slot * L::TILE_ELEMS;
-            const __half *v_tile = v_ring + slot * L::TILE_ELEMS;
-            mbarrier_wait(&full[slot], (tile / STAGES) & 1);
-
-            // S = Q Kᵀ: 64 rows x 128 keys, k = 16 columns of D per instruction. Both operands are
-            // K-major: step kk starts 32 bytes further into the 128-byte rows of slab kk / 4.
-            float s_acc[KEY_TILE / 2];
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, consumer * GROUP_ROWS, kk),
-                                          desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<KEY_TILE / 2>(s_acc);
-
-            if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
-#pragma unroll
-                for (int j = 0; j < KEY_TILE / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + 8 * j + 2 * t + (e & 1);
-                        const int query = q0 + warp_row0 + g + (e < 2 ? 0 : 8);
-                        if (key >= S || (causal && key > query)) s_acc[4 * j + e] = -INFINITY;
-                    }
-            }
-            // Online softmax for this thread's two rows (g and g + 8), as in stage 07.
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float tile_max = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < KEY_TILE / 8; j++)
-                    tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * j + 2 * r], s_acc[4 * j + 2 * r + 1]));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-                const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
-                const float alpha = exp2f(row_max[r] - new_max);
-                row_max[r] = new_max;
-                float tile_sum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < KEY_TILE / 8; j++)
-#pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; e++) {
-                        s_acc[4 * j + e] = exp2f(s_acc[4 * j + e] * scale_log2 - new_max);
-                        tile_sum += s_acc[4 * j + e];
-                    }
-                row_sum[r] = row_sum[r] * alpha + tile_sum;
-#pragma unroll
-                for (int j = 0; j < D / 8; j++) o_acc[4 * j + 2 * r] *= alpha, o_acc[4 * j + 2 * r + 1] *= alpha;
-            }
-
-            // O += P V: P (fp16) is the A operand straight from registers; V is N-major, so step kk
-            // (16 keys) starts 16 rows = 2 atoms further, and its 64-column slabs are a tile apart.
-            uint32_t p_frag[KEY_TILE / 16][4];
-            pack_a_frags<KEY_TILE>(p_frag, s_acc);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KEY_TILE / 16; kk++)
-                wgmma_m64k16_rs_tn<D>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<D / 2>(o_acc);
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&empty[slot]);  // this warp no longer reads the slot
-        }
-
-        // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
-        const size_t head = (size_t)head_index * S * D;
+    for (int m = 0; m < ROW_TILES; m++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float l = row_sum[r];
+            float l = row_sum[m][r];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const float inv = 1.0f / l;
-            const int query = q0 + warp_row0 + g + 8 * r;
+            const int query = q0 + warp_row0 + 16 * m + g + 8 * r;
             if (query < S) {
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
                     *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
-                        __floats2half2_rn(o_acc[4 * j + 2 * r] * inv, o_acc[4 * j + 2 * r + 1] * inv);
-                if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
+                        __floats2half2_rn(o_acc[m][j][2 * r] * inv, o_acc[m][j][2 * r + 1] * inv);
+                if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[m][r] + log2f(l);
             }
         }
-    }
-#else
-    (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal;
-#endif
 }
 
 template <int D>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    const int heads_total = s->batch * s->heads;
-    CUtensorMap q_map, k_map, v_map;
-    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, BLOCK_ROWS);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
-    const size_t smem = FwdLayout<D>::bytes;
-    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D>, smem);
+    using L = Config<D>;
+    cudaError_t err = allow_dynamic_smem(warp_specialized_forward<D>, L::bytes);
     if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
-    wgmma_forward<D><<<grid, THREADS, smem, stream>>>(q_map, k_map, v_map, (__half *)t->o, stage08_lse(s, t),
-                                                      s->seq, 1.0f / sqrtf((float)s->dim), s->causal);
+    const dim3 grid(ceil_div(s->seq, L::BLOCK_ROWS), s->heads, s->batch);
+    warp_specialized_forward<D><<<grid, L::THREADS, L::bytes, stream>>>(
+        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o,
+        workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal);
     return cudaGetLastError();
 }
 
-cudaError_t stage08_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     return s->dim == 64 ? launch_forward<64>(s, t, stream) : launch_forward<128>(s, t, stream);
+}
+
+static size_t shared_bytes(const attn_shape *s) {
+    const size_t fwd = s->dim == 64 ? Config<64>::bytes : Config<128>::bytes;
+    const size_t bwd = stage08_backward_shared_bytes(s);
+    return fwd > bwd ? fwd : bwd;
 }
 
 extern "C" const attn_stage STAGE = {
     "08_warp_specialized",
-    "producer warpgroup (TMA) and consumer warpgroups (wgmma) with mbarrier hand-off; FlashAttention-2 "
-    "backward (dK/dV and dQ kernels)",
+    "a producer warp (cp.async) and consumer warps (mma.sync) hand a K/V ring over with mbarriers; "
+    "FlashAttention-2 backward",
     unsupported_head_dim,
     stage08_workspace_bytes,
-    stage08_forward,
+    shared_bytes,
+    forward,
     stage08_backward,
-    1,  // wgmma, setmaxnreg: sm_90a
+    0,  // any GPU from sm_80
 };

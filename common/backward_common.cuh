@@ -1,0 +1,29 @@
+// backward_common.cuh - the delta pre-pass every stage with a backward pass runs first (included
+// by a stage's backward .cu file only; the workspace it writes is described in kernel_common.cuh).
+#ifndef FLASH_STAGES_BACKWARD_COMMON_CUH
+#define FLASH_STAGES_BACKWARD_COMMON_CUH
+
+#include "kernel_common.cuh"
+
+// delta_i = dO_i . O_i, one warp per row: the term every dS = P ∘ (dP - delta) needs.
+static __global__ void backward_delta(const __half *o, const __half *d_o, float *delta, int rows, int D) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    float sum = 0.0f;
+    for (int d = 2 * lane; d < D; d += 64) {
+        const float2 a = __half22float2(*(const __half2 *)(o + (size_t)row * D + d));
+        const float2 b = __half22float2(*(const __half2 *)(d_o + (size_t)row * D + d));
+        sum += a.x * b.x + a.y * b.y;
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) delta[row] = sum;
+}
+
+// Enqueues backward_delta over all B*H*S rows, 4 rows per 128-thread block.
+static inline void launch_backward_delta(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    const int rows = (int)attention_rows(s), rows_per_block = 4;
+    backward_delta<<<ceil_div(rows, rows_per_block), 32 * rows_per_block, 0, stream>>>(
+        (const __half *)t->o, (const __half *)t->d_o, workspace_delta(s, t), rows, s->dim);
+}
+
+#endif

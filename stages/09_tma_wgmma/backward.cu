@@ -1,0 +1,317 @@
+// Stage 09, backward - FlashAttention-2's backward pass on Hopper: wgmma, a TMA producer
+// warpgroup and two consumer warpgroups per block (the forward's structure), in three kernels
+// and with no atomics.
+//
+// The idea: the forward saved only O and each row's log-sum-exp, so P is recomputed tile by tile
+// (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
+//   D_i = rowsum(dO ∘ O)      (backward_delta, a small pre-pass)
+//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - D),  dK += dSᵀ Q     (backward_dk_dv)
+//   dP = dO Vᵀ,   dS = P ∘ (dP - D),  dQ += dS K                        (backward_dq)
+// backward_dk_dv gives each block 128 keys (64 per consumer warpgroup) and walks over the query
+// tiles, holding dK and dV in registers; backward_dq gives each block 128 queries and walks over
+// the key tiles, holding dQ. Each block owns its output rows, so nothing is accumulated across
+// blocks: no atomics, and the result is deterministic. The price is that S and dP are computed
+// twice (once per kernel): 7 matrix products instead of FlashAttention-2's 5, which instead adds
+// dQ with atomics from the dK/dV kernel. The two products that read only shared memory (S or Sᵀ,
+// dP or dPᵀ) are issued together; the accumulators Pᵀ, dSᵀ and dS then become the A operands
+// of the next products straight from registers.
+// What changed from the mma.sync version of this file (in git history): wgmma, TMA, setmaxnreg,
+// 128-row blocks; the math is the same.
+// Limits: Hopper only; the walked tile is 64 rows, and a consumer waits for each product.
+#include <math.h>
+
+#include "kernel_common.cuh"
+#include "backward_common.cuh"
+#include "stage09.h"
+#include "wgmma_ptx.cuh"
+
+#define BWD_GROUPS 2                              // consumer warpgroups
+#define BWD_OWN (64 * BWD_GROUPS)                 // rows a block owns: keys (dK/dV) or queries (dQ)
+#define BWD_WALK 64                               // rows of the tiles walked over
+#define BWD_THREADS (128 * (BWD_GROUPS + 1))
+#define BWD_STAGES 2
+
+// Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
+// ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, then the mbarriers.
+template <int D> struct BwdLayout {
+    static constexpr int OWN_ELEMS = BWD_OWN * D;
+    static constexpr int WALK_ELEMS = BWD_WALK * D;
+    static constexpr size_t bytes = 1024 + sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS) +
+                                    sizeof(uint64_t) * (2 * BWD_STAGES + 1);
+};
+
+// The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
+// (rows own0.., onto own_full) and then, for walked tile i = 0, 1, ..., rows walk0 + 64 i of the
+// two walked tensors into ring slot i % BWD_STAGES.
+struct BwdSmem {
+    __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [BWD_STAGES][tile]
+    uint64_t *full, *empty, *own_full;
+};
+
+template <int D>
+__device__ inline BwdSmem bwd_smem(unsigned char *raw) {
+    using L = BwdLayout<D>;
+    BwdSmem m;
+    m.own_a = (__half *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+    m.own_b = m.own_a + L::OWN_ELEMS;
+    m.walk_a = m.own_b + L::OWN_ELEMS;
+    m.walk_b = m.walk_a + BWD_STAGES * L::WALK_ELEMS;
+    m.full = (uint64_t *)(m.walk_b + BWD_STAGES * L::WALK_ELEMS);
+    m.empty = m.full + BWD_STAGES;
+    m.own_full = m.empty + BWD_STAGES;
+    return m;
+}
+
+template <int D>
+__device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, const CUtensorMap *own_b,
+                                   const CUtensorMap *walk_a, const CUtensorMap *walk_b, int own0, int walk0,
+                                   int n_tiles, int head_index) {
+    using L = BwdLayout<D>;
+    tma_prefetch_descriptor(own_a), tma_prefetch_descriptor(own_b);
+    tma_prefetch_descriptor(walk_a), tma_prefetch_descriptor(walk_b);
+    mbarrier_arrive_expect_tx(m.own_full, 2 * sizeof(__half) * L::OWN_ELEMS);
+    for (int c = 0; c < D / 64; c++) {
+        tma_load_3d(m.own_a + c * BWD_OWN * 64, own_a, c * 64, own0, head_index, m.own_full);
+        tma_load_3d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, head_index, m.own_full);
+    }
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int slot = tile % BWD_STAGES;
+        if (tile >= BWD_STAGES) mbarrier_wait(&m.empty[slot], (tile / BWD_STAGES - 1) & 1);
+        mbarrier_arrive_expect_tx(&m.full[slot], 2 * sizeof(__half) * L::WALK_ELEMS);
+        for (int c = 0; c < D / 64; c++) {
+            const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
+            tma_load_3d(m.walk_a + dst, walk_a, c * 64, walk0 + tile * BWD_WALK, head_index, &m.full[slot]);
+            tma_load_3d(m.walk_b + dst, walk_b, c * 64, walk0 + tile * BWD_WALK, head_index, &m.full[slot]);
+        }
+    }
+}
+
+// acc (64 x 64, this warpgroup's rows own_row0..) = A Bᵀ over D, A rows in an owned tile and B
+// rows in a walked tile: both K-major. Issued, not waited for.
+template <int D>
+__device__ inline void product_abt(float acc[32], const __half *own, int own_row0, const __half *walk) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma_m64k16_ss<BWD_WALK>(acc, desc_k_major<BWD_OWN>(own, own_row0, kk), desc_k_major<BWD_WALK>(walk, 0, kk),
+                                  kk > 0);
+}
+
+// out (64 x D) += A B, A = a 64 x 64 accumulator (fp16 in registers), B = a walked tile (N-major).
+template <int D>
+__device__ inline void product_acc_b(float out[D / 2], const float a_acc[32], const __half *walk) {
+    uint32_t frag[BWD_WALK / 16][4];
+    pack_a_frags<BWD_WALK>(frag, a_acc);
+#pragma unroll
+    for (int kk = 0; kk < BWD_WALK / 16; kk++) wgmma_m64k16_rs_tn<D>(out, frag[kk], desc_n_major<BWD_WALK>(walk, kk));
+}
+
+// Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to a [S, D] matrix.
+template <int D>
+__device__ inline void store_rows(__half *dst, const float acc[D / 2], float factor, int row0, int S, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + g + 8 * r;
+        if (row >= S) continue;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(__half2 *)(dst + (size_t)row * D + j * 8 + 2 * t) =
+                __floats2half2_rn(acc[4 * j + 2 * r] * factor, acc[4 * j + 2 * r + 1] * factor);
+    }
+}
+
+// dK, dV for BWD_OWN keys per block; query tiles (Q and dO) stream through the ring. Everything is
+// computed transposed (keys as rows), so that Pᵀ and dSᵀ come out as accumulators with keys as
+// rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
+template <int D>
+__global__ void __launch_bounds__(BWD_THREADS, 1)
+backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+               const float *lse_log2, const float *delta, __half *dk, __half *dv, int S, float scale, int causal) {
+#if FLASH_STAGES_SM90A
+    extern __shared__ unsigned char smem_raw[];
+    const BwdSmem m = bwd_smem<D>(smem_raw);  // own: K, V; walked: Q, dO
+    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const int k0 = blockIdx.x * BWD_OWN;
+    const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
+    const int n_tiles = ceil_div(S, BWD_WALK) - first_tile;
+    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
+
+    if (threadIdx.x < 128) {
+        setmaxnreg_dec<24>();
+        if (threadIdx.x == 0)
+            bwd_produce<D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
+    } else {
+        setmaxnreg_inc<240>();
+        const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + (threadIdx.x % 128) / 32 * 16;
+        const float scale_log2 = scale * 1.4426950408889634f;
+        const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
+        float dk_acc[D / 2], dv_acc[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
+        mbarrier_wait(m.own_full, 0);
+
+        for (int tile = 0; tile < n_tiles; tile++) {
+            const int slot = tile % BWD_STAGES, q_start = (first_tile + tile) * BWD_WALK;
+            const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
+            const __half *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
+            // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and D.
+            float col_lse[16], col_delta[16];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int query = q_start + 8 * j + 2 * t + e;
+                    col_lse[2 * j + e] = query < S ? head_lse[query] : INFINITY;  // P = 0 past S
+                    col_delta[2 * j + e] = query < S ? head_delta[query] : 0.0f;
+                }
+            mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
+
+            float st_acc[32], dpt_acc[32];  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 64 keys x 64 queries
+            wgmma_fence();
+            product_abt<D>(st_acc, m.own_a, group_row0, q_tile);
+            product_abt<D>(dpt_acc, m.own_b, group_row0, do_tile);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_operands<32>(st_acc), fence_operands<32>(dpt_acc);
+
+            // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ - D), in place; masked entries (causal, or queries past S) are 0.
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
+                    float p = exp2f(st_acc[4 * j + e] * scale_log2 - col_lse[2 * j + (e & 1)]);
+                    if (causal && key > query) p = 0.0f;
+                    st_acc[4 * j + e] = p;
+                    dpt_acc[4 * j + e] = p * (dpt_acc[4 * j + e] - col_delta[2 * j + (e & 1)]);
+                }
+            wgmma_fence();
+            product_acc_b<D>(dv_acc, st_acc, do_tile);   // dV += Pᵀ dO
+            product_acc_b<D>(dk_acc, dpt_acc, q_tile);   // dK += dSᵀ Q
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&m.empty[slot]);
+        }
+        const size_t head = (size_t)head_index * S * D;
+        store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
+        store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
+    }
+#else
+    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dk, (void)dv;
+    (void)S, (void)scale, (void)causal;
+#endif
+}
+
+// dQ for BWD_OWN queries per block; key tiles (K and V) stream through the ring.
+template <int D>
+__global__ void __launch_bounds__(BWD_THREADS, 1)
+backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+            const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+            const float *lse_log2, const float *delta, __half *dq, int S, float scale, int causal) {
+#if FLASH_STAGES_SM90A
+    extern __shared__ unsigned char smem_raw[];
+    const BwdSmem m = bwd_smem<D>(smem_raw);  // own: Q, dO; walked: K, V
+    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
+    const int q0 = q_block * BWD_OWN;
+    const int n_tiles = ceil_div(causal ? min(S, q0 + BWD_OWN) : S, BWD_WALK);
+    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
+
+    if (threadIdx.x < 128) {
+        setmaxnreg_dec<24>();
+        if (threadIdx.x == 0) bwd_produce<D>(m, &q_map, &do_map, &k_map, &v_map, q0, 0, n_tiles, head_index);
+    } else {
+        setmaxnreg_inc<240>();
+        const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        const int group_row0 = consumer * 64, warp_query0 = q0 + group_row0 + (threadIdx.x % 128) / 32 * 16;
+        const float scale_log2 = scale * 1.4426950408889634f;
+        float row_lse[2], row_delta[2];  // rows g and g + 8 (rows past S: never stored)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int query = min(warp_query0 + g + 8 * r, S - 1);
+            row_lse[r] = lse_log2[(size_t)head_index * S + query];
+            row_delta[r] = delta[(size_t)head_index * S + query];
+        }
+        float dq_acc[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) dq_acc[i] = 0.0f;
+        mbarrier_wait(m.own_full, 0);
+
+        for (int tile = 0; tile < n_tiles; tile++) {
+            const int slot = tile % BWD_STAGES, k0 = tile * BWD_WALK;
+            const __half *k_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
+            const __half *v_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
+            mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
+
+            float s_acc[32], dp_acc[32];  // S = Q Kᵀ and dP = dO Vᵀ, 64 queries x 64 keys
+            wgmma_fence();
+            product_abt<D>(s_acc, m.own_a, group_row0, k_tile);
+            product_abt<D>(dp_acc, m.own_b, group_row0, v_tile);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_operands<32>(s_acc), fence_operands<32>(dp_acc);
+
+            // dS = P ∘ (dP - D), in place in s_acc; masked keys (past S, or causal) give 0.
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e / 2, key = k0 + 8 * j + 2 * t + (e & 1), query = warp_query0 + g + 8 * r;
+                    float p = exp2f(s_acc[4 * j + e] * scale_log2 - row_lse[r]);
+                    if (key >= S || (causal && key > query)) p = 0.0f;
+                    s_acc[4 * j + e] = p * (dp_acc[4 * j + e] - row_delta[r]);
+                }
+            wgmma_fence();
+            product_acc_b<D>(dq_acc, s_acc, k_tile);  // dQ += dS K
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_operands<D / 2>(dq_acc);
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&m.empty[slot]);
+        }
+        store_rows<D>(dq + (size_t)head_index * S * D, dq_acc, scale, warp_query0, S, lane);
+    }
+#else
+    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq;
+    (void)S, (void)scale, (void)causal;
+#endif
+}
+
+template <int D>
+static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    const int heads_total = s->batch * s->heads;
+    float *lse = workspace_lse(s, t), *delta = workspace_delta(s, t);
+    launch_backward_delta(s, t, stream);
+    // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
+    CUtensorMap own[4], walk[4];  // q, k, v, do
+    const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
+    cudaError_t err = cudaSuccess;
+    for (int i = 0; i < 4 && err == cudaSuccess; i++) {
+        err = make_tensor_map_bhsd(&own[i], tensors[i], heads_total, s->seq, D, BWD_OWN);
+        if (err == cudaSuccess) err = make_tensor_map_bhsd(&walk[i], tensors[i], heads_total, s->seq, D, BWD_WALK);
+    }
+    const size_t smem = BwdLayout<D>::bytes;
+    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D>, smem);
+    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dq<D>, smem);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(ceil_div(s->seq, BWD_OWN), s->heads, s->batch);
+    const float scale = 1.0f / sqrtf((float)D);
+    backward_dk_dv<D><<<grid, BWD_THREADS, smem, stream>>>(walk[0], own[1], own[2], walk[3], lse, delta,
+                                                           (__half *)t->dk, (__half *)t->dv, s->seq, scale,
+                                                           s->causal);
+    backward_dq<D><<<grid, BWD_THREADS, smem, stream>>>(own[0], walk[1], walk[2], own[3], lse, delta,
+                                                        (__half *)t->dq, s->seq, scale, s->causal);
+    return cudaGetLastError();
+}
+
+size_t stage09_backward_shared_bytes(const attn_shape *s) {
+    return s->dim == 64 ? BwdLayout<64>::bytes : BwdLayout<128>::bytes;
+}
+
+cudaError_t stage09_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    return s->dim == 64 ? launch_backward<64>(s, t, stream) : launch_backward<128>(s, t, stream);
+}

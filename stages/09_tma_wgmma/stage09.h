@@ -1,0 +1,12 @@
+// stage09.h - the entry points of stage 09's forward (forward.cu) and backward (backward.cu).
+#ifndef FLASH_STAGES_STAGE09_H
+#define FLASH_STAGES_STAGE09_H
+
+#include "attn.h"
+
+cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream);
+// The most dynamic shared memory a backward kernel's block asks for at this shape.
+size_t stage09_backward_shared_bytes(const attn_shape *s);
+cudaError_t stage09_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream);
+
+#endif
