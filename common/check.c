@@ -31,11 +31,27 @@ static int sample_row(int S, int i, uint64_t head_index) {
     }
 }
 
-static void note_bad(check_result *r, size_t index, double out, double ref) {
+// One compared row: its errors and whether it broke a bound.
+typedef struct {
+    double max_abs, max_ratio, err_sq, ref_sq;  // over the row's finite elements
+    size_t over;                                // elements over the element bound
+    int over_row_bound;                         // the row's L2 error is over the row bound
+    double row_err, row_bound;                  // ||out_row - ref_row|| and its bound
+    size_t first_bad;                           // flat index of the first failing element, or of the row
+    double bad_out, bad_ref, bad_bound;
+} row_errors;
+
+// Records a failure if it comes before the one already recorded.
+static void note_bad(check_result *r, size_t index, double out, double ref, double bound,
+                     const row_errors *row) {
     if (index < r->first_bad) {
         r->first_bad = index;
         r->first_bad_out = out;
         r->first_bad_ref = ref;
+        r->first_bad_bound = bound;
+        r->first_bad_row = row != NULL;
+        r->first_bad_row_err = row ? row->row_err : 0.0;
+        r->first_bad_row_bound = row ? row->row_bound : 0.0;
     }
 }
 
@@ -44,55 +60,67 @@ static void scan_output(const uint16_t *out, size_t n, check_result *r) {
     for (size_t i = 0; i < n; i++) {
         if (out[i] == HALF_POISON) {
             r->unwritten++;
-            note_bad(r, i, NAN, NAN);
+            note_bad(r, i, NAN, NAN, NAN, NULL);
         } else if (!isfinite(half_to_float(out[i]))) {
             r->nonfinite++;
-            note_bad(r, i, half_to_float(out[i]), NAN);
+            note_bad(r, i, half_to_float(out[i]), NAN, NAN, NULL);
         }
     }
 }
 
-// One compared row: its errors and whether it broke a bound.
-typedef struct {
-    double max_abs, err_sq, ref_sq;  // over the row's finite elements
-    size_t over;                     // elements over the element bound
-    int over_rel_l2;                 // the row's relative L2 error is over its bound
-    size_t first_bad;                // flat index of the first failing element, or of the row
-    double bad_out, bad_ref;
-} row_errors;
+int check_inputs_finite(const attn_shape *shape, const uint16_t *tensor, const char *name, char *msg,
+                        size_t msg_size) {
+    const size_t n = attn_elems(shape);
+    for (size_t i = 0; i < n; i++) {
+        if ((tensor[i] & 0x7c00) != 0x7c00) continue;  // exponent all ones: Inf or NaN
+        const char *what = (tensor[i] & 0x03ff) ? "nan" : (tensor[i] & 0x8000) ? "-inf" : "inf";
+        const size_t D = (size_t)shape->dim, S = (size_t)shape->seq, H = (size_t)shape->heads;
+        snprintf(msg, msg_size,
+                 "%s holds a non-finite value (%s) at [b=%zu, h=%zu, s=%zu, d=%zu]; inputs must be "
+                 "finite",
+                 name, what, i / D / S / H, i / D / S % H, i / D % S, i % D);
+        return -1;
+    }
+    return 0;
+}
 
-// Compares D fp16 outputs at out[base..] with their float64 reference: per element
-// |out - ref| <= atol + rtol |ref|; per row relative L2 <= row_rel_l2, on rows whose squared norm
-// is over min_ref_sq (a row of exact zeros has no relative error to speak of). Non-finite outputs
-// are skipped: scan_output counts them.
-static row_errors compare_row(const uint16_t *out, size_t base, const double *ref, int D, double atol,
-                              double rtol, double row_rel_l2, double min_ref_sq) {
+// Compares D fp16 outputs at out[base..] with their float64 reference and its error terms (worst
+// and rss, in units of u): per element |out - ref| <= check_element_bound(worst); per row
+// ||out - ref|| <= row_rel_l2 ||ref|| + CHECK_ROW_RSS u ||rss||. Non-finite outputs are skipped:
+// scan_output counts them.
+static row_errors compare_row(const uint16_t *out, size_t base, const double *ref,
+                              const double *worst, const double *rss, int D, double row_rel_l2) {
     row_errors e = {0};
     e.first_bad = (size_t)-1;
+    double rss_sq = 0.0;
     for (int d = 0; d < D; d++) {
         const double o = half_to_float(out[base + d]);
         if (!isfinite(o)) continue;
-        const double err = fabs(o - ref[d]);
+        const double err = fabs(o - ref[d]), bound = check_element_bound(worst[d]);
         e.err_sq += err * err;
         e.ref_sq += ref[d] * ref[d];
+        rss_sq += rss[d] * rss[d];
         if (err > e.max_abs) e.max_abs = err;
-        if (err > atol + rtol * fabs(ref[d]) && e.over++ == 0)
-            e.first_bad = base + d, e.bad_out = o, e.bad_ref = ref[d];
+        if (err / bound > e.max_ratio) e.max_ratio = err / bound;
+        if (err > bound && e.over++ == 0)
+            e.first_bad = base + d, e.bad_out = o, e.bad_ref = ref[d], e.bad_bound = bound;
     }
-    e.over_rel_l2 = e.ref_sq > min_ref_sq && sqrt(e.err_sq / e.ref_sq) > row_rel_l2;
-    if (e.over_rel_l2 && e.first_bad == (size_t)-1)  // report the row's first element
-        e.first_bad = base, e.bad_out = half_to_float(out[base]), e.bad_ref = ref[0];
+    e.row_err = sqrt(e.err_sq);
+    e.row_bound = row_rel_l2 * sqrt(e.ref_sq) + CHECK_ROW_RSS * REF_U * sqrt(rss_sq);
+    e.over_row_bound = e.row_err > e.row_bound;
     return e;
 }
 
 // Adds one compared row to the result and to the running squared sums.
-static void add_row(check_result *r, const row_errors *e, double *err_sq, double *ref_sq) {
-    r->rows_over_rel_l2 += e->over_rel_l2;
+static void add_row(check_result *r, const row_errors *e, size_t base, double *err_sq, double *ref_sq) {
+    r->rows_over_rel_l2 += e->over_row_bound;
     r->over_tolerance += e->over;
     *err_sq += e->err_sq;
     *ref_sq += e->ref_sq;
     if (e->max_abs > r->max_abs_err) r->max_abs_err = e->max_abs;
-    if (e->over || e->over_rel_l2) note_bad(r, e->first_bad, e->bad_out, e->bad_ref);
+    if (e->max_ratio > r->max_bound_ratio) r->max_bound_ratio = e->max_ratio;
+    if (e->over) note_bad(r, e->first_bad, e->bad_out, e->bad_ref, e->bad_bound, NULL);
+    else if (e->over_row_bound) note_bad(r, base, NAN, NAN, NAN, e);  // the row, at its first element
 }
 
 check_result check_output(const attn_shape *shape, const float *q, const float *k, const float *v,
@@ -122,37 +150,46 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
     double err_sq = 0.0, ref_sq = 0.0;
     OMP_PARALLEL
     {
-        double *scores = malloc(sizeof(double) * (size_t)S);
-        double *ref_row = malloc(sizeof(double) * (size_t)D);
-        if (!scores || !ref_row) {
+        // Scratch of 2 S doubles, then the row, its worst and its rss terms (D each).
+        double *scratch = malloc(sizeof(double) * (2 * (size_t)S + 3 * (size_t)D));
+        if (!scratch) {
             fprintf(stderr, "check: out of host memory\n");
             exit(1);
         }
+        double *ref_row = scratch + 2 * (size_t)S, *worst = ref_row + D, *rss = worst + D;
         OMP_FOR_DYNAMIC
         for (long long t = 0; t < tasks; t++) {
             const int bh = (int)(t / rows_per_head), i = (int)(t % rows_per_head);
             const int b = bh / H, h = bh % H;
             const int row = r.full ? i : sample_row(S, i, (uint64_t)bh);
-            reference_row(shape, q, k, v, b, h, row, scores, ref_row);
+            reference_row_error(shape, q, k, v, b, h, row, scratch, ref_row,
+                                (reference_error){worst, rss});
 
             const size_t base = (((size_t)b * H + h) * S + row) * D;
-            const row_errors e =
-                compare_row(out, base, ref_row, D, CHECK_ATOL, CHECK_RTOL, CHECK_ROW_REL_L2, 0.0);
+            const row_errors e = compare_row(out, base, ref_row, worst, rss, D, CHECK_ROW_REL_L2);
             OMP_CRITICAL
-            add_row(&r, &e, &err_sq, &ref_sq);
+            add_row(&r, &e, base, &err_sq, &ref_sq);
         }
-        free(scores);
-        free(ref_row);
+        free(scratch);
     }
     r.rel_l2_err = ref_sq > 0.0 ? sqrt(err_sq / ref_sq) : sqrt(err_sq);
     return r;
 }
 
+// The rule's constants, for the lines that report a check.
+static void print_bounds(void) {
+    printf("bounds: |err| <= %g u worst + 2^-24 per element, ||err|| <= %g ||ref|| + %g u ||rss|| per "
+           "row, u = 2^-11",
+           CHECK_C1, CHECK_ROW_REL_L2, CHECK_ROW_RSS);
+}
+
 void check_print(const attn_shape *shape, const check_result *r) {
-    printf("check: %s, %zu rows vs float64 reference: max abs err %.3e, rel L2 err %.3e "
-           "(bounds: %.0e + %.0e*|ref| per element, %.0e rel L2 per row)\n",
+    printf("check: %s, %zu rows vs float64 reference: max abs err %.3e, rel L2 err %.3e, largest "
+           "error %.2f of its bound (",
            r->full ? "full output" : "sampled rows", r->rows_checked, r->max_abs_err,
-           r->rel_l2_err, CHECK_ATOL, CHECK_RTOL, CHECK_ROW_REL_L2);
+           r->rel_l2_err, r->max_bound_ratio);
+    print_bounds();
+    printf(")\n");
     check_print_verdict("check", shape, r);
 }
 
@@ -166,8 +203,17 @@ void check_print_verdict(const char *label, const attn_shape *shape, const check
            label, r->unwritten, r->nonfinite, r->over_tolerance, r->rows_over_rel_l2);
     const size_t D = (size_t)shape->dim, S = (size_t)shape->seq, H = (size_t)shape->heads;
     const size_t i = r->first_bad;
-    printf("%s: first bad element [b=%zu, h=%zu, s=%zu, d=%zu]: out %.6g, ref %.6g\n",
-           label, i / D / S / H, i / D / S % H, i / D % S, i % D, r->first_bad_out, r->first_bad_ref);
+    if (r->first_bad_row)
+        printf("%s: first bad row [b=%zu, h=%zu, s=%zu]: L2 error %.6g, row bound %.6g\n", label,
+               i / D / S / H, i / D / S % H, i / D % S, r->first_bad_row_err, r->first_bad_row_bound);
+    else if (isnan(r->first_bad_bound))  // unwritten or NaN/Inf
+        printf("%s: first bad element [b=%zu, h=%zu, s=%zu, d=%zu]: out %.6g\n", label,
+               i / D / S / H, i / D / S % H, i / D % S, i % D, r->first_bad_out);
+    else
+        printf("%s: first bad element [b=%zu, h=%zu, s=%zu, d=%zu]: out %.6g, ref %.6g, error %.3g "
+               "over its bound %.3g\n",
+               label, i / D / S / H, i / D / S % H, i / D % S, i % D, r->first_bad_out,
+               r->first_bad_ref, fabs(r->first_bad_out - r->first_bad_ref), r->first_bad_bound);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -202,7 +248,7 @@ check_bwd_result check_backward(const attn_shape *shape, const float *q, const f
     // Heads, and rows within a head: everything when a full check fits CHECK_BWD_FULL_MACS; else
     // as many heads as the per-head statistics allow and CHECK_BWD_ROWS sampled rows of each of
     // dQ, dK, dV per head (each row still summed over all of its queries or keys).
-    const double stats_macs = 2.0 * S * (double)S * D;
+    const double stats_macs = 3.0 * S * (double)S * D;
     const int full = (double)B * H * 4.5 * stats_macs <= CHECK_BWD_FULL_MACS;
     int heads = B * H;
     if (!full) {
@@ -215,56 +261,52 @@ check_bwd_result check_backward(const attn_shape *shape, const float *q, const f
         r[t]->rows_checked = (size_t)heads * rows_per_head;
     }
 
-    double *lse = malloc(sizeof(double) * (size_t)S), *delta = malloc(sizeof(double) * (size_t)S);
+    // Per head: lse, D_i and D_i's error terms (S each). Per checked row of dQ, dK, dV: the
+    // reference, its worst and its rss terms (D each).
     const size_t n_rows = 3 * (size_t)rows_per_head;
-    double *ref = malloc(sizeof(double) * n_rows * D);
+    double *stats = malloc(sizeof(double) * 4 * (size_t)S);
+    double *ref = malloc(sizeof(double) * 3 * n_rows * D);
     grad_row *rows = malloc(sizeof(grad_row) * n_rows);
-    if (!lse || !delta || !ref || !rows) {
+    if (!stats || !ref || !rows) {
         fprintf(stderr, "check: out of host memory\n");
         exit(1);
     }
+    double *lse = stats, *delta = stats + S;
+    const reference_error delta_err = {stats + 2 * (size_t)S, stats + 3 * (size_t)S};
+    double *worst = ref + n_rows * D, *rss = worst + n_rows * D;
     double err_sq[3] = {0, 0, 0}, ref_sq[3] = {0, 0, 0};
     for (int hc = 0; hc < heads; hc++) {
         const int bh = pick_head(B * H, heads, hc), b = bh / H, h = bh % H;
-        reference_bwd_stats(shape, q, k, v, d_o, b, h, lse, delta);
+        reference_bwd_stats(shape, q, k, v, d_o, b, h, lse, delta, delta_err);
         for (int i = 0; i < rows_per_head; i++) {
             const int row = full ? i : sample_row(S, i, (uint64_t)bh);
             for (int t = 0; t < 3; t++) rows[3 * i + t] = (grad_row){t, bh, row};
         }
-        // dK and dV rows come out of one reference call; the dV task copies what the dK task wrote.
+        // Row i of dQ, and rows i of dK and dV (one reference call), at slots 3i, 3i+1, 3i+2.
         OMP_PARALLEL
         {
         OMP_FOR_DYNAMIC
         for (long long task = 0; task < (long long)rows_per_head; task++) {
             const grad_row *g = &rows[3 * task];
-            reference_dq_row(shape, q, k, v, d_o, b, h, lse, delta, g->row, ref + (3 * task) * D);
-            reference_dkdv_row(shape, q, k, v, d_o, b, h, lse, delta, g->row,
-                               ref + (3 * task + 1) * D, ref + (3 * task + 2) * D);
+            const size_t dq = (3 * (size_t)task) * D, dk = dq + D, dv = dk + D;
+            reference_dq_row(shape, q, k, v, d_o, b, h, lse, delta, delta_err, g->row, ref + dq,
+                             (reference_error){worst + dq, rss + dq});
+            reference_dkdv_row(shape, q, k, v, d_o, b, h, lse, delta, delta_err, g->row, ref + dk,
+                               ref + dv, (reference_error){worst + dk, rss + dk},
+                               (reference_error){worst + dv, rss + dv});
         }
         }
-        // Compare: element bound relative to the rms of the checked reference rows, because the
-        // three gradients have different scales (dV ~ 1, dQ and dK ~ scale).
-        double head_ref_sq[3] = {0, 0, 0};
-        for (size_t i = 0; i < n_rows; i++)
-            for (int d = 0; d < D; d++) head_ref_sq[rows[i].tensor] += ref[i * D + d] * ref[i * D + d];
         for (size_t i = 0; i < n_rows; i++) {
             const grad_row *g = &rows[i];
-            check_result *c = r[g->tensor];
-            const double rms = sqrt(head_ref_sq[g->tensor] / ((double)rows_per_head * D));
             const size_t base = ((size_t)g->bh * S + g->row) * D;
-            // A row's relative error only means something when the row is not ~0 (dQ of the first
-            // causal rows, dK and dV of keys few queries attend to); those fall under the element
-            // bound alone.
-            const row_errors e = compare_row(grads[g->tensor], base, ref + i * D, D,
-                                             CHECK_BWD_ATOL + CHECK_BWD_ATOL_RMS * rms, CHECK_BWD_RTOL,
-                                             CHECK_BWD_ROW_REL_L2, 1e-2 * head_ref_sq[g->tensor] / rows_per_head);
-            add_row(c, &e, &err_sq[g->tensor], &ref_sq[g->tensor]);
+            const row_errors e = compare_row(grads[g->tensor], base, ref + i * D, worst + i * D,
+                                             rss + i * D, D, CHECK_ROW_REL_L2);
+            add_row(r[g->tensor], &e, base, &err_sq[g->tensor], &ref_sq[g->tensor]);
         }
     }
     for (int t = 0; t < 3; t++)
         r[t]->rel_l2_err = ref_sq[t] > 0.0 ? sqrt(err_sq[t] / ref_sq[t]) : sqrt(err_sq[t]);
-    free(lse);
-    free(delta);
+    free(stats);
     free(ref);
     free(rows);
     return res;
@@ -276,11 +318,13 @@ void check_print_backward(const attn_shape *shape, const check_bwd_result *r) {
     for (int t = 0; t < 3; t++) {
         char label[32];
         snprintf(label, sizeof label, "check %s", names[t]);
-        printf("%s: %s, %zu rows vs float64 reference: max abs err %.3e, rel L2 err %.3e (bounds: "
-               "%.0e + %.0e*rms + %.0e*|ref| per element, %.0e rel L2 per row)\n",
+        printf("%s: %s, %zu rows vs float64 reference: max abs err %.3e, rel L2 err %.3e, largest "
+               "error %.2f of its bound\n",
                label, c[t]->full ? "full output" : "sampled heads and rows", c[t]->rows_checked,
-               c[t]->max_abs_err, c[t]->rel_l2_err, CHECK_BWD_ATOL, CHECK_BWD_ATOL_RMS, CHECK_BWD_RTOL,
-               CHECK_BWD_ROW_REL_L2);
+               c[t]->max_abs_err, c[t]->rel_l2_err, c[t]->max_bound_ratio);
         check_print_verdict(label, shape, c[t]);
     }
+    printf("check (backward) ");
+    print_bounds();
+    printf("\n");
 }

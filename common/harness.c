@@ -187,6 +187,12 @@ static void load_inputs(const char *dir, int backward, attn_shape *shape, uint16
                     first[2], first[3]);
             exit(EXIT_USAGE);
         }
+        // A NaN or Inf input makes the reference NaN too; refuse it here rather than blame the kernel.
+        const attn_shape dims_shape = {.batch = dims[0], .heads = dims[1], .seq = dims[2], .dim = dims[3]};
+        if (check_inputs_finite(&dims_shape, host[t], path, error, sizeof error) != 0) {
+            fprintf(stderr, "%s: --load: %s\n", STAGE.name, error);
+            exit(EXIT_USAGE);
+        }
     }
     if (first[0] > 65535 || first[1] > 65535 || first[3] > 1024) {
         fprintf(stderr, "%s: --load: shape [%d,%d,%d,%d] is out of range (B, H <= 65535, D <= 1024)\n",

@@ -21,17 +21,21 @@ static double loss(const attn_shape *s, const float *q, const float *k, const fl
     return sum;
 }
 
+static const reference_error NO_ERROR_TERMS = {NULL, NULL};
+
 static void exact_grads(const attn_shape *s, const float *q, const float *k, const float *v,
                         const float *d_o, uint16_t *grads[3]) {
     double *lse = malloc(sizeof(double) * s->seq), *delta = malloc(sizeof(double) * s->seq);
     double *a = malloc(sizeof(double) * s->dim), *b = malloc(sizeof(double) * s->dim);
     for (int bh = 0; bh < s->batch * s->heads; bh++) {
-        reference_bwd_stats(s, q, k, v, d_o, bh / s->heads, bh % s->heads, lse, delta);
+        reference_bwd_stats(s, q, k, v, d_o, bh / s->heads, bh % s->heads, lse, delta, NO_ERROR_TERMS);
         for (int i = 0; i < s->seq; i++) {
             const size_t base = ((size_t)bh * s->seq + i) * s->dim;
-            reference_dq_row(s, q, k, v, d_o, bh / s->heads, bh % s->heads, lse, delta, i, a);
+            reference_dq_row(s, q, k, v, d_o, bh / s->heads, bh % s->heads, lse, delta, NO_ERROR_TERMS, i,
+                             a, NO_ERROR_TERMS);
             for (int d = 0; d < s->dim; d++) grads[0][base + d] = float_to_half((float)a[d]);
-            reference_dkdv_row(s, q, k, v, d_o, bh / s->heads, bh % s->heads, lse, delta, i, a, b);
+            reference_dkdv_row(s, q, k, v, d_o, bh / s->heads, bh % s->heads, lse, delta, NO_ERROR_TERMS,
+                               i, a, b, NO_ERROR_TERMS, NO_ERROR_TERMS);
             for (int d = 0; d < s->dim; d++) {
                 grads[1][base + d] = float_to_half((float)a[d]);
                 grads[2][base + d] = float_to_half((float)b[d]);
@@ -54,11 +58,13 @@ int main(void) {
             for (size_t e = 0; e < n; e++) t[i][e] = (float)sin(0.7 * e + 1.3 * i + 0.2);
         }
         double lse[6], delta[6], dq[4], dk[4], dv[4];
-        reference_bwd_stats(&s, t[0], t[1], t[2], t[3], 0, 0, lse, delta);
+        reference_bwd_stats(&s, t[0], t[1], t[2], t[3], 0, 0, lse, delta, NO_ERROR_TERMS);
         double worst = 0.0;
         for (int row = 0; row < s.seq; row++) {
-            reference_dq_row(&s, t[0], t[1], t[2], t[3], 0, 0, lse, delta, row, dq);
-            reference_dkdv_row(&s, t[0], t[1], t[2], t[3], 0, 0, lse, delta, row, dk, dv);
+            reference_dq_row(&s, t[0], t[1], t[2], t[3], 0, 0, lse, delta, NO_ERROR_TERMS, row, dq,
+                             NO_ERROR_TERMS);
+            reference_dkdv_row(&s, t[0], t[1], t[2], t[3], 0, 0, lse, delta, NO_ERROR_TERMS, row, dk, dv,
+                               NO_ERROR_TERMS, NO_ERROR_TERMS);
             const double *analytic[3] = {dq, dk, dv};
             for (int which = 0; which < 3; which++)
                 for (int d = 0; d < s.dim; d++) {

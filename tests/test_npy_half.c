@@ -50,6 +50,40 @@ int main(int argc, char **argv) {
     if (f) fclose(f);
     EXPECT((10 + (pre[8] | pre[9] << 8)) % 64 == 0, "header alignment");
 
+    // The parser on files held in memory: what numpy would read as this 4-D float16 array, and
+    // nothing else. Each case: header text (version 1.0), data bytes, expected message or NULL.
+    struct { const char *header; size_t data; const char *refusal; } cases[] = {
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (1, 1, 2, 3), }", 12, NULL},
+        {"{\"shape\": (1,1,2,3,), \"descr\": \"<f2\", \"fortran_order\": False}", 12, NULL},
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (1, 1, 1, 2, 3), }", 12, "has rank 5"},
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3), }", 12, "has rank 2"},
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (1, 1, 2, 3), }", 14, "2 bytes after the data"},
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (1, 1, 2, 3), }", 10, "truncated"},
+        {"{'descr': '>f2', 'fortran_order': False, 'shape': (1, 1, 2, 3), }", 12, "big-endian"},
+        {"{'descr': '<f2', 'fortran_order': True, 'shape': (1, 1, 2, 3), }", 12, "Fortran-ordered"},
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (1, 1, 0, 3), }", 0, "empty dimension"},
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (1, 1, 2147483648, 3), }", 12, "over 2147483647"},
+        {"{'descr': '<f2', 'fortran_order': False, 'shape': (2147483647, 2147483647, 2147483647, "
+         "2147483647), }", 12, "more bytes than"},
+        {"{'descr': '<f2', 'shape': (1, 1, 2, 3), }", 12, "no 'fortran_order'"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        unsigned char file[512] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+        const size_t header_len = strlen(cases[c].header);
+        file[8] = (unsigned char)header_len;
+        memcpy(file + 10, cases[c].header, header_len);
+        int dims[4];
+        size_t offset = 0;
+        const int status = npy_parse_f16_4d(file, 10 + header_len + cases[c].data, "x.npy", dims, &offset,
+                                            error, sizeof error);
+        if (!cases[c].refusal)
+            EXPECT(status == 0 && dims[2] == 2 && dims[3] == 3 && offset == 10 + header_len,
+                   "case %zu must be accepted: %s", c, status ? error : "");
+        else
+            EXPECT(status != 0 && strstr(error, cases[c].refusal) && !strncmp(error, "x.npy: ", 7),
+                   "case %zu must be refused with '%s', got '%s'", c, cases[c].refusal, status ? error : "");
+    }
+
     snprintf(path, sizeof path, "%s/does_not_exist.npy", dir);
     EXPECT(npy_read_f16_4d(path, back, &loaded, error, sizeof error) != 0, "a missing file must fail");
     return test_summary("test_npy_half");
