@@ -72,6 +72,29 @@ stage_table() {
     }' "$csv"
 }
 
+# Stage 08's configurations (plots/stage_variants.sh): TFLOP/s at S = 4096 of the stage as built,
+# of each variant, and of stage 07, all from one run.
+variants_table() {
+    local file=plots/data/h100_stage08_variants.csv
+    [ -f "$file" ] || { echo "_No H100 variant measurements committed yet ($file)._"; return; }
+    awk -F, '
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    {
+        n = $col["stage"]; d = $col["direction"]; key = n SUBSEP d
+        if (!(key in seen)) { seen[key] = 1; order[++k] = key }
+        tf[key, $col["dim"], $col["causal"]] = sprintf("%.1f", $col["tflops"]); commit = $col["commit"]; gpu = $col["gpu"]
+    }
+    function v(x) { return x == "" ? "-" : x }
+    END {
+        print "TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the " gpu ", one run of `plots/stage_variants.sh` (commit " commit "), from `" FILENAME "`:"
+        print ""
+        print "| build | pass | D=64 | D=64 causal | D=128 | D=128 causal |"
+        print "|---|---|---:|---:|---:|---:|"
+        for (i = 1; i <= k; i++) { split(order[i], p, SUBSEP)
+            printf "| %s | %s | %s | %s | %s | %s |\n", p[1], p[2], v(tf[order[i],64,0]), v(tf[order[i],64,1]), v(tf[order[i],128,0]), v(tf[order[i],128,1]) }
+    }' "$file"
+}
+
 # The GPU's measured ceilings (plots/ceilings.py).
 ceilings_table() {
     local file=plots/data/h100_ceilings.csv
@@ -113,6 +136,7 @@ process() {  # process FILE KEY (table on stdin)
 }
 course_table | process README.md course
 ceilings_table | process docs/h100.md ceilings
+variants_table | process stages/08_warp_specialized/README.md 08_warp_specialized:variants
 for lesson in stages/*/README.md; do
     stage=$(basename "$(dirname "$lesson")")
     stage_table "$stage" fwd | process "$lesson" "$stage"

@@ -11,7 +11,7 @@ command -v gnuplot >/dev/null || { echo "render: gnuplot not found; skipped"; ex
 mkdir -p "$outdir"
 shopt -s nullglob
 csvs=()
-for csv in plots/data/*.csv; do [[ "$csv" == *_ceilings.csv ]] || csvs+=("$csv"); done
+for csv in plots/data/*.csv; do [[ "$csv" == *_ceilings.csv || "$csv" == *_variants.csv ]] || csvs+=("$csv"); done
 [ ${#csvs[@]} -gt 0 ] || { echo "render: no CSV in plots/data" >&2; exit 1; }
 for csv in "${csvs[@]}"; do
     slug=$(basename "$csv" .csv)

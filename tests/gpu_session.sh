@@ -35,18 +35,19 @@ for stage in ${SANITIZE_STAGES:-$stages}; do
         fi
         for dim in 64 128; do
             for tool in memcheck racecheck synccheck; do
-                echo "== $stage $tool $pass (B=2 H=3 S=77 D=$dim causal)" >>"$out/sanitizer.log"
+                echo "== $stage $tool $pass (B=2 H=3 S=333 D=$dim causal)" >>"$out/sanitizer.log"
                 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/bin/$stage $pass \
-                    --batch 2 --heads 3 --seq 77 --dim $dim --causal >>"$out/sanitizer.log" 2>&1
+                    --batch 2 --heads 3 --seq 333 --dim $dim --causal >>"$out/sanitizer.log" 2>&1
                 echo "exit $?" >>"$out/sanitizer.log"
             done
         done
     done
 done
-grep -E "^==|ERROR SUMMARY|RACECHECK SUMMARY|^exit" "$out/sanitizer.log" | paste - - - | sed 's/=========//g' \
-    >"$out/sanitizer_summary.txt"
-grep -c "exit 0" "$out/sanitizer_summary.txt" | sed 's/^/sanitizer runs with exit 0: /'
-grep -v "exit 0" "$out/sanitizer_summary.txt" || true
+# One line per run: what ran, the tool's summary, the exit status.
+awk '/^== / { run = $0 } /ERROR SUMMARY|RACECHECK SUMMARY/ { sub(/^=+ */, ""); summary = $0 }
+     /^exit / { print run " | " summary " | " $0 }' "$out/sanitizer.log" >"$out/sanitizer_summary.txt"
+grep -c "| exit 0$" "$out/sanitizer_summary.txt" | sed 's/^/sanitizer runs with exit 0: /'
+grep -v "| exit 0$" "$out/sanitizer_summary.txt" || true
 }
 [ "$mode" = bench ] || run_tests
 

@@ -34,18 +34,41 @@ constexpr bool kAtomicDq = ATOMIC_DQ;
 
 #define BWD_WARPS 4
 #define BWD_THREADS (32 * BWD_WARPS)
-#define BWD_ROWS (16 * BWD_WARPS)  // rows each block owns: keys in dk_dv, queries in dq
-// Shared memory of the backward kernels. Each block owns BWD_ROWS rows (keys in dk_dv, queries
-// in dq) of two tensors and walks over tiles of WALK rows of two others, through a 2-slot ring.
-// WALK is 64 at D = 64 and 32 at D = 128, where dK and dV (or dQ) already take 128 (or 64)
-// registers per thread. With atomic dQ, dk_dv also keeps dSᵀ of one walked tile, padded by 8
-// halves a row so that ldmatrix reads and the warps' writes spread over the banks.
-template <int D> struct BwdLayout {
-    static constexpr int WALK = D == 64 ? 64 : 32;
+// 16-row mma tiles per warp in each kernel, as stage 07's ROW_TILES: with two, every fragment of
+// the walked tiles read from shared memory feeds two MMAs, but the walked tile must shrink to 32
+// rows to leave registers for them. Measured (lesson): two pay in dq at D = 128 only; dk_dv,
+// which holds dK and dV (128 registers per row tile at D = 128), can take two at D = 64 only,
+// where they do not pay.
+#ifndef KV_TILES_D64
+#define KV_TILES_D64 1
+#endif
+#ifndef Q_TILES_D64
+#define Q_TILES_D64 1
+#endif
+#ifndef Q_TILES_D128
+#define Q_TILES_D128 2
+#endif
+
+// Shared memory and tiles of the backward kernels. A block owns OWN rows of two tensors (keys of K
+// and V in dk_dv, queries of Q and dO in dq) and walks over tiles of WALK rows of the other two,
+// through a 2-slot cp.async ring; the walked tile shrinks as the registers per row grow. With
+// atomic dQ, dk_dv also keeps dSᵀ of one walked tile, padded by 8 halves a row so that ldmatrix
+// reads and the warps' writes spread over the banks.
+template <int D> struct DkDvConfig {
+    static constexpr int TILES = D == 64 ? KV_TILES_D64 : 1;  // row tiles per warp
+    static constexpr int OWN = 16 * TILES * BWD_WARPS;         // keys per block
+    static constexpr int WALK = D == 64 && TILES == 1 ? 64 : 32;  // queries per walked tile
     static constexpr int DS_LD = WALK + 8;
-    static constexpr size_t dq_bytes = sizeof(__half) * (2 * BWD_ROWS * D + 2 * 2 * WALK * D);
-    static constexpr size_t dk_dv_bytes = dq_bytes + (kAtomicDq ? sizeof(__half) * BWD_ROWS * DS_LD : 0);
-    static_assert(dk_dv_bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
+    static constexpr size_t bytes = sizeof(__half) * (2 * OWN * D + 2 * 2 * WALK * D) +
+                                    (kAtomicDq ? sizeof(__half) * OWN * DS_LD : 0);
+    static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
+};
+template <int D> struct DqConfig {
+    static constexpr int TILES = D == 64 ? Q_TILES_D64 : Q_TILES_D128;
+    static constexpr int OWN = 16 * TILES * BWD_WARPS;         // queries per block
+    static constexpr int WALK = D == 64 && TILES == 1 ? 64 : 32;  // keys per walked tile
+    static constexpr size_t bytes = sizeof(__half) * (2 * OWN * D + 2 * 2 * WALK * D);
+    static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
 
 // fp32 accumulator blocks 2k and 2k + 1 (each 16 x 8) as one fp16 A operand (16 x 16).
@@ -56,96 +79,114 @@ __device__ inline void pack_a(uint32_t a[4], const float lo[4], const float hi[4
     a[3] = pack_half2(hi[2], hi[3]);
 }
 
-// acc[n] (n = 0 .. N/8-1) += A(16 rows of a_tile from row a_row0) x Bᵀ(N rows of b_tile), over D.
-template <int D, int N>
-__device__ inline void product_abt(float acc[N / 8][4], const __half *a_tile, int a_row0, const __half *b_tile, int lane) {
+// acc[m][n] (n = 0 .. N/8-1) += A(16 rows of a_tile from row a_row0 + 16 m) x Bᵀ(N rows of
+// b_tile), over D, for RT row tiles: each B fragment read from shared memory feeds RT MMAs.
+template <int D, int N, int RT>
+__device__ inline void product_abt(float acc[RT][N / 8][4], const __half *a_tile, int a_row0, const __half *b_tile,
+                                   int lane) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t a[4];
-        load_a_frag<D>(a, a_tile, a_row0, kk * 16, lane);
+        uint32_t a[RT][4];
+#pragma unroll
+        for (int m = 0; m < RT; m++) load_a_frag<D>(a[m], a_tile, a_row0 + 16 * m, kk * 16, lane);
 #pragma unroll
         for (int n = 0; n < N / 16; n++) {
             uint32_t b[4];
             load_b_frags_of_rows<D>(b, b_tile, n * 16, kk * 16, lane);
-            mma_m16n8k16(acc[2 * n], a, b[0], b[1]);
-            mma_m16n8k16(acc[2 * n + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int m = 0; m < RT; m++) {
+                mma_m16n8k16(acc[m][2 * n], a[m], b[0], b[1]);
+                mma_m16n8k16(acc[m][2 * n + 1], a[m], b[2], b[3]);
+            }
         }
     }
 }
 
-// out[j] (j = 0 .. D/8-1) += P(16 x K, accumulators in registers) x B(K rows of b_tile).
-template <int D, int K>
-__device__ inline void product_pb(float out[D / 8][4], const float p[K / 8][4], const __half *b_tile, int lane) {
+// out[m][j] (j = 0 .. D/8-1) += P(16 x K per row tile, accumulators in registers) x B(K rows of
+// b_tile).
+template <int D, int K, int RT>
+__device__ inline void product_pb(float out[RT][D / 8][4], const float p[RT][K / 8][4], const __half *b_tile,
+                                  int lane) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
-        uint32_t a[4];
-        pack_a(a, p[2 * kk], p[2 * kk + 1]);
+        uint32_t a[RT][4];
+#pragma unroll
+        for (int m = 0; m < RT; m++) pack_a(a[m], p[m][2 * kk], p[m][2 * kk + 1]);
 #pragma unroll
         for (int n = 0; n < D / 16; n++) {
             uint32_t b[4];
             load_b_frags_trans<D>(b, b_tile, kk * 16, n * 16, lane);
-            mma_m16n8k16(out[2 * n], a, b[0], b[1]);
-            mma_m16n8k16(out[2 * n + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int m = 0; m < RT; m++) {
+                mma_m16n8k16(out[m][2 * n], a[m], b[0], b[1]);
+                mma_m16n8k16(out[m][2 * n + 1], a[m], b[2], b[3]);
+            }
         }
     }
 }
 
-template <int N>
-__device__ inline void zero(float acc[N][4]) {
+template <int RT, int N>
+__device__ inline void zero(float acc[RT][N][4]) {
 #pragma unroll
-    for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int m = 0; m < RT; m++)
+#pragma unroll
+        for (int n = 0; n < N; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 }
 
-// Writes 16 rows (g, g + 8 of the warp's tile starting at row0) of a [S, D] fp16 matrix.
-template <int D>
-__device__ inline void store_rows(__half *dst, const float acc[D / 8][4], float factor, int row0, int S, int lane) {
+// Writes the warp's rows (g, g + 8 of each row tile, from row0) of a [S, D] fp16 matrix.
+template <int D, int RT>
+__device__ inline void store_rows(__half *dst, const float acc[RT][D / 8][4], float factor, int row0, int S, int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + g + 8 * r;
-        if (row >= S) continue;
+    for (int m = 0; m < RT; m++)
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(__half2 *)(dst + (size_t)row * D + j * 8 + 2 * t) =
-                __floats2half2_rn(acc[j][2 * r] * factor, acc[j][2 * r + 1] * factor);
-    }
+        for (int r = 0; r < 2; r++) {
+            const int row = row0 + 16 * m + g + 8 * r;
+            if (row >= S) continue;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++)
+                *(__half2 *)(dst + (size_t)row * D + j * 8 + 2 * t) =
+                    __floats2half2_rn(acc[m][j][2 * r] * factor, acc[m][j][2 * r + 1] * factor);
+        }
 }
 
 // Atomic dQ for one walked query tile (QT queries from i0): dQ += dS K over this block's keys,
-// where dSᵀ (16 keys x QT queries per warp) is in the warps' registers. dQ's rows are queries, so
-// the product needs every warp's keys: dSᵀ goes to shared memory, and each warp then takes 16
-// query rows and 64 columns of the QT x D tile. A = dS comes from dSᵀ by ldmatrix.trans, as B = V
-// does in the forward; B = K is the block's own K tile.
+// where dSᵀ (keys x QT queries, the warp's row tiles) is in the warps' registers. dQ's rows are
+// queries, so the product needs every warp's keys: dSᵀ goes to shared memory, and each warp then
+// takes 16 query rows and D / (4 / (QT / 16)) columns of the QT x D tile. A = dS comes from dSᵀ
+// by ldmatrix.trans, as B = V does in the forward; B = K is the block's own K tile.
 template <int D>
-__device__ inline void add_dq_tile(float *dq_head, __half *ds_t, const float ds[][4], const __half *k_tile, int i0,
-                                   int S, int warp, int lane) {
-    using L = BwdLayout<D>;
-    constexpr int QT = L::WALK, ROW_GROUPS = QT / 16;
-    static_assert(ROW_GROUPS * (D / 64) == BWD_WARPS, "one warp per 16 rows x 64 columns of dQ");
+__device__ inline void add_dq_tile(float *dq_head, __half *ds_t, const float ds[][DkDvConfig<D>::WALK / 8][4],
+                                   const __half *k_tile, int i0, int S, int warp, int lane) {
+    using L = DkDvConfig<D>;
+    constexpr int QT = L::WALK, ROW_GROUPS = QT / 16, COLS = D / (BWD_WARPS / ROW_GROUPS);
+    static_assert(BWD_WARPS % ROW_GROUPS == 0, "the warps split dQ's tile into whole row groups");
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int n = 0; n < QT / 8; n++)
+    for (int m = 0; m < L::TILES; m++)
 #pragma unroll
-        for (int r = 0; r < 2; r++)
-            *(__half2 *)(ds_t + (warp * 16 + g + 8 * r) * L::DS_LD + n * 8 + 2 * t) =
-                __floats2half2_rn(ds[n][2 * r], ds[n][2 * r + 1]);
+        for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                *(__half2 *)(ds_t + (warp * 16 * L::TILES + 16 * m + g + 8 * r) * L::DS_LD + n * 8 + 2 * t) =
+                    __floats2half2_rn(ds[m][n][2 * r], ds[m][n][2 * r + 1]);
     __syncthreads();  // every warp's dSᵀ is in shared memory
 
-    const int row0 = (warp % ROW_GROUPS) * 16, col0 = (warp / ROW_GROUPS) * 64;
-    float dq_acc[8][4];
-    zero<8>(dq_acc);
+    const int row0 = (warp % ROW_GROUPS) * 16, col0 = (warp / ROW_GROUPS) * COLS;
+    float dq_acc[1][COLS / 8][4];
+    zero<1, COLS / 8>(dq_acc);
 #pragma unroll
-    for (int kk = 0; kk < BWD_ROWS / 16; kk++) {
+    for (int kk = 0; kk < L::OWN / 16; kk++) {
         // Lane l addresses row l % 8 of 8x8 matrix l / 8 of dS (rows row0.., keys 16kk..): stored
         // transposed at dSᵀ row 16kk + 8 (l / 16) + l % 8, column row0 + 8 ((l / 8) % 2).
         uint32_t a[4];
         ldmatrix_x4_trans(a, ds_t + (kk * 16 + 8 * (lane / 16) + lane % 8) * L::DS_LD + row0 + 8 * (lane / 8 % 2));
 #pragma unroll
-        for (int n = 0; n < 4; n++) {
+        for (int n = 0; n < COLS / 16; n++) {
             uint32_t b[4];
             load_b_frags_trans<D>(b, k_tile, kk * 16, col0 + n * 16, lane);
-            mma_m16n8k16(dq_acc[2 * n], a, b[0], b[1]);
-            mma_m16n8k16(dq_acc[2 * n + 1], a, b[2], b[3]);
+            mma_m16n8k16(dq_acc[0][2 * n], a, b[0], b[1]);
+            mma_m16n8k16(dq_acc[0][2 * n + 1], a, b[2], b[3]);
         }
     }
 #pragma unroll
@@ -154,7 +195,8 @@ __device__ inline void add_dq_tile(float *dq_head, __half *ds_t, const float ds[
         if (query >= S) continue;
         float *dst = dq_head + (size_t)query * D + col0 + 2 * t;
 #pragma unroll
-        for (int j = 0; j < 8; j++) atomicAdd(dst + 8 * j, dq_acc[j][2 * r]), atomicAdd(dst + 8 * j + 1, dq_acc[j][2 * r + 1]);
+        for (int j = 0; j < COLS / 8; j++)
+            atomicAdd(dst + 8 * j, dq_acc[0][j][2 * r]), atomicAdd(dst + 8 * j + 1, dq_acc[0][j][2 * r + 1]);
     }
 }
 
@@ -166,33 +208,33 @@ __global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n,
     }
 }
 
-// dK, dV for BWD_ROWS keys per block. Each warp holds 16 keys; the query tiles (Q and dO, QT rows
-// each) stream through a 2-slot cp.async ring. Everything is computed transposed (keys as rows),
-// so that Pᵀ and dSᵀ come out as accumulators with keys as rows: the A operands of dV and dK.
+// dK, dV for OWN keys per block, 16 * TILES per warp; the query tiles (Q and dO, QT rows each)
+// stream through a 2-slot cp.async ring. Everything is computed transposed (keys as rows), so
+// that Pᵀ and dSᵀ come out as accumulators with keys as rows: the A operands of dV and dK.
 template <int D>
 __global__ void __launch_bounds__(BWD_THREADS)
 backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
                const float *delta, __half *dk, __half *dv, float *dq_accum, int S, float scale, int causal) {
-    using L = BwdLayout<D>;
-    constexpr int QT = L::WALK;
+    using L = DkDvConfig<D>;
+    constexpr int QT = L::WALK, RT = L::TILES, OWN = L::OWN;
     constexpr int SLOT = 2 * QT * D;  // halves: Q tile then dO tile
     extern __shared__ __align__(128) unsigned char smem[];
-    __half *k_tile = (__half *)smem;         // [BWD_ROWS][D]
-    __half *v_tile = k_tile + BWD_ROWS * D;  // [BWD_ROWS][D]
-    __half *ring = v_tile + BWD_ROWS * D;    // [2][Q tile, dO tile]
-    __half *ds_t = ring + 2 * SLOT;          // [BWD_ROWS][DS_LD]: dSᵀ, keys as rows (atomic dQ only)
+    __half *k_tile = (__half *)smem;     // [OWN][D]
+    __half *v_tile = k_tile + OWN * D;   // [OWN][D]
+    __half *ring = v_tile + OWN * D;     // [2][Q tile, dO tile]
+    __half *ds_t = ring + 2 * SLOT;      // [OWN][DS_LD]: dSᵀ, keys as rows (atomic dQ only)
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
     const float *lse_head = lse_log2 + (size_t)head_index * S, *delta_head = delta + (size_t)head_index * S;
-    const int j0 = blockIdx.x * BWD_ROWS;
+    const int j0 = blockIdx.x * OWN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * 1.4426950408889634f;
     // Causal: queries before j0 see none of these keys.
     const int first_tile = causal ? j0 / QT : 0, n_tiles = ceil_div(S, QT);
 
-    cp_async_tile<BWD_ROWS, D>(k_tile, k + head, j0, S);
-    cp_async_tile<BWD_ROWS, D>(v_tile, v + head, j0, S);
+    cp_async_tile<OWN, D>(k_tile, k + head, j0, S);
+    cp_async_tile<OWN, D>(v_tile, v + head, j0, S);
     for (int s = 0; s < 2; s++) {
         if (first_tile + s < n_tiles) {
             cp_async_tile<QT, D>(ring + s * SLOT, q + head, (first_tile + s) * QT, S);
@@ -201,10 +243,10 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
         cp_async_commit();
     }
 
-    float dk_acc[D / 8][4], dv_acc[D / 8][4];
-    zero<D / 8>(dk_acc);
-    zero<D / 8>(dv_acc);
-    const int key_lo = j0 + warp * 16 + g;  // this thread's keys: key_lo, key_lo + 8
+    float dk_acc[RT][D / 8][4], dv_acc[RT][D / 8][4];
+    zero<RT, D / 8>(dk_acc);
+    zero<RT, D / 8>(dv_acc);
+    const int warp_row0 = warp * 16 * RT;  // this thread's keys: j0 + warp_row0 + 16 m + g (+ 8)
 
     for (int tile = first_tile; tile < n_tiles; tile++) {
         cp_async_wait<1>();
@@ -212,11 +254,11 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
         const __half *q_tile = ring + ((tile - first_tile) % 2) * SLOT, *do_tile = q_tile + QT * D;
         const int i0 = tile * QT;
 
-        // Sᵀ = K Qᵀ (16 keys x QT queries per warp), then Pᵀ in place.
-        float p[QT / 8][4];
-        zero<QT / 8>(p);
-        product_abt<D, QT>(p, k_tile, warp * 16, q_tile, lane);
-        const bool masked = i0 + QT > S || (causal && i0 < j0 + BWD_ROWS);
+        // Sᵀ = K Qᵀ (keys x QT queries), then Pᵀ in place.
+        float p[RT][QT / 8][4];
+        zero<RT, QT / 8>(p);
+        product_abt<D, QT, RT>(p, k_tile, warp_row0, q_tile, lane);
+        const bool masked = i0 + QT > S || (causal && i0 < j0 + OWN);
 #pragma unroll
         for (int n = 0; n < QT / 8; n++)
 #pragma unroll
@@ -225,30 +267,35 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
                 // Past S: lse = +inf makes P = 0 (those Q and dO rows are zero-filled anyway).
                 const float lse = query < S ? lse_head[query] : INFINITY;
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float x = exp2f(p[n][2 * r + c] * scale_log2 - lse);
-                    if (masked && causal && query < key_lo + 8 * r) x = 0.0f;
-                    p[n][2 * r + c] = x;
-                }
+                for (int m = 0; m < RT; m++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        float x = exp2f(p[m][n][2 * r + c] * scale_log2 - lse);
+                        if (masked && causal && query < j0 + warp_row0 + 16 * m + g + 8 * r) x = 0.0f;
+                        p[m][n][2 * r + c] = x;
+                    }
             }
 
         // dV += Pᵀ dO.
-        product_pb<D, QT>(dv_acc, p, do_tile, lane);
+        product_pb<D, QT, RT>(dv_acc, p, do_tile, lane);
 
-        // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ - D_query) in place, then dK += dSᵀ Q.
-        float ds[QT / 8][4];
-        zero<QT / 8>(ds);
-        product_abt<D, QT>(ds, v_tile, warp * 16, do_tile, lane);
+        // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ - delta_query) in place, then dK += dSᵀ Q.
+        float ds[RT][QT / 8][4];
+        zero<RT, QT / 8>(ds);
+        product_abt<D, QT, RT>(ds, v_tile, warp_row0, do_tile, lane);
 #pragma unroll
         for (int n = 0; n < QT / 8; n++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 const int query = i0 + n * 8 + 2 * t + c;
                 const float d_i = query < S ? delta_head[query] : 0.0f;
-                ds[n][c] = p[n][c] * (ds[n][c] - d_i);
-                ds[n][2 + c] = p[n][2 + c] * (ds[n][2 + c] - d_i);
+#pragma unroll
+                for (int m = 0; m < RT; m++) {
+                    ds[m][n][c] = p[m][n][c] * (ds[m][n][c] - d_i);
+                    ds[m][n][2 + c] = p[m][n][2 + c] * (ds[m][n][2 + c] - d_i);
+                }
             }
-        product_pb<D, QT>(dk_acc, ds, q_tile, lane);
+        product_pb<D, QT, RT>(dk_acc, ds, q_tile, lane);
         if constexpr (kAtomicDq) add_dq_tile<D>(dq_accum + head, ds_t, ds, k_tile, i0, S, warp, lane);
 
         __syncthreads();  // everyone is done with this slot: refill it with tile + 2
@@ -261,33 +308,34 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
     cp_async_wait<0>();
 
     // S = scale Q Kᵀ, so dK = scale dSᵀ Q; dV needs no factor.
-    store_rows<D>(dk + head, dk_acc, scale, j0 + warp * 16, S, lane);
-    store_rows<D>(dv + head, dv_acc, 1.0f, j0 + warp * 16, S, lane);
+    store_rows<D, RT>(dk + head, dk_acc, scale, j0 + warp_row0, S, lane);
+    store_rows<D, RT>(dv + head, dv_acc, 1.0f, j0 + warp_row0, S, lane);
 }
 
-// dQ for BWD_ROWS queries per block. Each warp holds 16 queries; K and V tiles (KT rows each)
-// stream through a 2-slot cp.async ring.
+// dQ for OWN queries per block, 16 * TILES per warp; K and V tiles (KT rows each) stream through
+// a 2-slot cp.async ring.
 template <int D>
 __global__ void __launch_bounds__(BWD_THREADS)
 backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
             const float *delta, __half *dq, int S, float scale, int causal) {
-    constexpr int KT = BwdLayout<D>::WALK;
+    using L = DqConfig<D>;
+    constexpr int KT = L::WALK, RT = L::TILES, OWN = L::OWN;
     constexpr int SLOT = 2 * KT * D;  // K tile then V tile
     extern __shared__ __align__(128) unsigned char smem[];
-    __half *q_tile = (__half *)smem;           // [BWD_ROWS][D]
-    __half *do_tile = q_tile + BWD_ROWS * D;   // [BWD_ROWS][D]
-    __half *ring = do_tile + BWD_ROWS * D;     // [2][K tile, V tile]
+    __half *q_tile = (__half *)smem;      // [OWN][D]
+    __half *do_tile = q_tile + OWN * D;   // [OWN][D]
+    __half *ring = do_tile + OWN * D;     // [2][K tile, V tile]
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
-    const int i0 = q_block * BWD_ROWS;
+    const int i0 = q_block * OWN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * 1.4426950408889634f;
-    const int kv_end = causal ? min(S, i0 + BWD_ROWS) : S, n_tiles = ceil_div(kv_end, KT);
+    const int kv_end = causal ? min(S, i0 + OWN) : S, n_tiles = ceil_div(kv_end, KT);
 
-    cp_async_tile<BWD_ROWS, D>(q_tile, q + head, i0, S);
-    cp_async_tile<BWD_ROWS, D>(do_tile, d_o + head, i0, S);
+    cp_async_tile<OWN, D>(q_tile, q + head, i0, S);
+    cp_async_tile<OWN, D>(do_tile, d_o + head, i0, S);
     for (int s = 0; s < 2; s++) {
         if (s < n_tiles) {
             cp_async_tile<KT, D>(ring + s * SLOT, k + head, s * KT, S);
@@ -296,17 +344,19 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
         cp_async_commit();
     }
 
-    // This thread's rows: query_lo and query_lo + 8, with their lse and D.
-    const int query_lo = i0 + warp * 16 + g;
-    float lse[2], d_i[2];
+    // This thread's rows: warp_query0 + 16 m + g and + 8, with their lse and delta.
+    const int warp_query0 = i0 + warp * 16 * RT;
+    float lse[RT][2], d_i[RT][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int query = query_lo + 8 * r;
-        lse[r] = query < S ? lse_log2[(size_t)head_index * S + query] : INFINITY;
-        d_i[r] = query < S ? delta[(size_t)head_index * S + query] : 0.0f;
-    }
-    float dq_acc[D / 8][4];
-    zero<D / 8>(dq_acc);
+    for (int m = 0; m < RT; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int query = warp_query0 + 16 * m + g + 8 * r;
+            lse[m][r] = query < S ? lse_log2[(size_t)head_index * S + query] : INFINITY;
+            d_i[m][r] = query < S ? delta[(size_t)head_index * S + query] : 0.0f;
+        }
+    float dq_acc[RT][D / 8][4];
+    zero<RT, D / 8>(dq_acc);
 
     for (int tile = 0; tile < n_tiles; tile++) {
         cp_async_wait<1>();
@@ -314,23 +364,25 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
         const __half *k_tile = ring + (tile % 2) * SLOT, *v_tile = k_tile + KT * D;
         const int k0 = tile * KT;
 
-        // S = Q Kᵀ, P in place; dP = dO Vᵀ; dS = P ∘ (dP - D) in place; dQ += dS K.
-        float p[KT / 8][4], ds[KT / 8][4];
-        zero<KT / 8>(p);
-        zero<KT / 8>(ds);
-        product_abt<D, KT>(p, q_tile, warp * 16, k_tile, lane);
-        product_abt<D, KT>(ds, do_tile, warp * 16, v_tile, lane);
+        // S = Q Kᵀ, P in place; dP = dO Vᵀ; dS = P ∘ (dP - delta) in place; dQ += dS K.
+        float p[RT][KT / 8][4], ds[RT][KT / 8][4];
+        zero<RT, KT / 8>(p);
+        zero<RT, KT / 8>(ds);
+        product_abt<D, KT, RT>(p, q_tile, warp * 16 * RT, k_tile, lane);
+        product_abt<D, KT, RT>(ds, do_tile, warp * 16 * RT, v_tile, lane);
         const bool masked = k0 + KT > S || (causal && k0 + KT - 1 > i0);
 #pragma unroll
-        for (int n = 0; n < KT / 8; n++)
+        for (int m = 0; m < RT; m++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + n * 8 + 2 * t + (e & 1), r = e / 2;
-                float x = exp2f(p[n][e] * scale_log2 - lse[r]);
-                if (masked && (key >= S || (causal && key > query_lo + 8 * r))) x = 0.0f;
-                ds[n][e] = x * (ds[n][e] - d_i[r]);
-            }
-        product_pb<D, KT>(dq_acc, ds, k_tile, lane);
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + n * 8 + 2 * t + (e & 1), r = e / 2;
+                    float x = exp2f(p[m][n][e] * scale_log2 - lse[m][r]);
+                    if (masked && (key >= S || (causal && key > warp_query0 + 16 * m + g + 8 * r))) x = 0.0f;
+                    ds[m][n][e] = x * (ds[m][n][e] - d_i[m][r]);
+                }
+        product_pb<D, KT, RT>(dq_acc, ds, k_tile, lane);
 
         __syncthreads();
         if (tile + 2 < n_tiles) {
@@ -340,7 +392,7 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
         cp_async_commit();
     }
     cp_async_wait<0>();
-    store_rows<D>(dq + head, dq_acc, scale, i0 + warp * 16, S, lane);
+    store_rows<D, RT>(dq + head, dq_acc, scale, warp_query0, S, lane);
 }
 
 size_t stage08_workspace_bytes(const attn_shape *s) {
@@ -348,30 +400,32 @@ size_t stage08_workspace_bytes(const attn_shape *s) {
 }
 
 size_t stage08_backward_shared_bytes(const attn_shape *s) {
-    return s->dim == 64 ? BwdLayout<64>::dk_dv_bytes : BwdLayout<128>::dk_dv_bytes;
+    const size_t dk_dv = s->dim == 64 ? DkDvConfig<64>::bytes : DkDvConfig<128>::bytes;
+    const size_t dq = kAtomicDq ? 0 : s->dim == 64 ? DqConfig<64>::bytes : DqConfig<128>::bytes;
+    return dk_dv > dq ? dk_dv : dq;
 }
 
 template <int D>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    using L = BwdLayout<D>;
+    using DkDv = DkDvConfig<D>;
+    using Dq = DqConfig<D>;
     const float *lse = workspace_lse(s, t), *delta = workspace_delta(s, t);
     float *dq_accum = (float *)((char *)t->workspace + lse_delta_workspace_bytes(s));
     launch_backward_delta(s, t, stream);
-    cudaError_t err = allow_dynamic_smem(backward_dk_dv<D>, L::dk_dv_bytes);
-    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, L::dq_bytes);
+    cudaError_t err = allow_dynamic_smem(backward_dk_dv<D>, DkDv::bytes);
+    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
     if (err == cudaSuccess && kAtomicDq) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * attn_elems(s), stream);
     if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BWD_ROWS), s->heads, s->batch);
     const float scale = 1.0f / sqrtf((float)D);
     const __half *q = (const __half *)t->q, *k = (const __half *)t->k, *v = (const __half *)t->v;
     const __half *d_o = (const __half *)t->d_o;
-    backward_dk_dv<D><<<grid, BWD_THREADS, L::dk_dv_bytes, stream>>>(
+    backward_dk_dv<D><<<dim3(ceil_div(s->seq, DkDv::OWN), s->heads, s->batch), BWD_THREADS, DkDv::bytes, stream>>>(
         q, k, v, d_o, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq, scale, s->causal);
     if (kAtomicDq) {
         backward_dq_convert<<<1024, 256, 0, stream>>>(dq_accum, (__half *)t->dq, attn_elems(s), scale);
     } else {
-        backward_dq<D><<<grid, BWD_THREADS, L::dq_bytes, stream>>>(q, k, v, d_o, lse, delta, (__half *)t->dq,
-                                                                  s->seq, scale, s->causal);
+        backward_dq<D><<<dim3(ceil_div(s->seq, Dq::OWN), s->heads, s->batch), BWD_THREADS, Dq::bytes, stream>>>(
+            q, k, v, d_o, lse, delta, (__half *)t->dq, s->seq, scale, s->causal);
     }
     return cudaGetLastError();
 }

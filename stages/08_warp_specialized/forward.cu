@@ -86,7 +86,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbarrier_init(&full[s], 32);          // one arrival per producer lane
-            mbarrier_init(&empty[s], CONSUMERS);  // one arrival per consumer warp
+            mbarrier_init(&empty[s], 32 * CONSUMERS);  // one arrival per consumer thread
         }
         mbarrier_init(q_full, 32);
     }
@@ -231,8 +231,9 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
                 }
             }
         }
-        __syncwarp();                                  // the whole warp is done reading the slot ...
-        if (lane == 0) mbarrier_arrive(&empty[slot]);  // ... so it may be refilled
+        // Done reading the slot. Every thread arrives (its arrival releases its own reads), so
+        // the slot is refilled only after each consumer thread has finished with it.
+        mbarrier_arrive(&empty[slot]);
     }
 
     // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
