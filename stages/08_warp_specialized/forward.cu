@@ -123,6 +123,9 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     const int g = lane / 4, t = lane % 4;
     const int warp_row0 = warp * WARP_ROWS;
     const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
+    // In the last block of a head, warps whose rows all lie past S only hand the slots back:
+    // S is rarely a multiple of 224, and their math would keep the SM busy for nothing.
+    const bool warp_has_rows = q0 + warp_row0 < S;
     const float scale_log2 = scale * 1.4426950408889634f;
 
     float o_acc[ROW_TILES][D / 8][4];
@@ -143,7 +146,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
         const __half *v_tile = v_ring + slot * L::TILE;
         const int k0 = tile * KEY_TILE;
 
-        if (!causal || k0 <= warp_last_query) {
+        if (warp_has_rows && (!causal || k0 <= warp_last_query)) {
             // S = Q Kᵀ, as stage 07.
             float s_acc[ROW_TILES][KEY_TILE / 8][4];
 #pragma unroll
