@@ -15,7 +15,8 @@
 // tile (one per element of a fragment, shared by all D/16 fragments); stage 07 drops WMMA for mma.sync, whose layout is documented, to avoid even
 // that and to keep S and P in registers.
 // What changed from stage 05: P is stored as fp16 (over the warp's own S rows); O moves from shared memory to
-// registers; P V is 4 x D/16 mma_sync per warp per tile instead of 64 x 16 x D scalar FMAs.
+// registers; P V is 4 x D/16 mma_sync per warp per 64-key tile instead of 64 x 16 x D scalar FMAs
+// (stage 05's D = 128 tiles hold 32 keys; with O in registers a 64-key tile fits at both D).
 // Limits: S and P still round-trip through shared memory; tiles are loaded synchronously, so
 // the warps wait for every K/V load (stage 07: cp.async pipeline and swizzled layouts).
 #include <math.h>
@@ -92,7 +93,8 @@ wmma_pv_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
         load_tile_f16<KEY_TILE, D>(v_tile, L::LD_HALF, v + head, k0, S);
         __syncthreads();
 
-        // S = Q K^T for this warp's 16 rows and the tile's 64 keys (as stage 05).
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys (stage 05's wmma_score_tile;
+        // stage 05's own tiles hold 32 keys at D = 128).
         wmma_score_tile<D, KEY_TILE>(q_tile + warp * 16 * L::LD_HALF, k_tile, L::LD_HALF,
                                      s_tile + warp * 16 * L::LD_SCORE, L::LD_SCORE);
         __syncwarp();

@@ -15,8 +15,9 @@
 // dQ with atomics from the dK/dV kernel. The two products that read only shared memory (S or Sᵀ,
 // dP or dPᵀ) are issued together; the accumulators Pᵀ, dSᵀ and dS then become the A operands
 // of the next products straight from registers.
-// What changed from the mma.sync version of this file (in git history): wgmma, TMA, setmaxnreg,
-// 128-row blocks; the math is the same.
+// What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
+// warpgroup and setmaxnreg instead of a block-wide cp.async ring; 128-row blocks; dQ only by the
+// second kernel (no atomics variant). The math is the same.
 // Limits: Hopper only; the walked tile is 64 rows, and a consumer waits for each product.
 #include <math.h>
 

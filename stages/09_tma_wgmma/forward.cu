@@ -2,10 +2,11 @@
 // copy engine (TMA), two consumer warpgroups multiply with wgmma and run the softmax; mbarriers
 // hand the slots of a shared-memory ring over.
 //
-// The idea: in stage 07 every warp issued its share of the next tile's copies and the whole block
-// met at __syncthreads() twice per tile; each warp also pulled every K and V fragment through its
-// own registers with ldmatrix before mma.sync could use it. Here the roles are split and the
-// tensor cores read shared memory themselves:
+// The idea: stage 08 already splits the roles (a producer warp fills a K/V ring with cp.async,
+// consumer warps compute, mbarriers hand the slots over), but its consumers pull every K and V
+// fragment through their own registers with ldmatrix before mma.sync can use it, and its producer
+// warp holds as many registers as a consumer. Here the copy engine fills shared memory, the tensor
+// cores read it themselves, and the producer gives its registers away:
 //   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for Q once, then for
 //     each K/V tile into ring slot t % STAGES, after the consumers released it (empty[slot]);
 //     the copy engine counts the bytes onto full[slot].
@@ -13,9 +14,12 @@
 //     (both operands in shared memory), mask and online softmax in registers, O += P V with wgmma
 //     (P from registers, V from shared memory), arrive on empty[slot].
 // setmaxnreg moves registers from the producer (24 per thread) to the consumers (240).
-// What changed from stage 07: roles, TMA, wgmma and setmaxnreg, the 128-byte swizzle that TMA
-// writes and wgmma reads (common/wgmma_ptx.cuh), 128 x 128 tiles; the forward also writes each
-// row's log-sum-exp (log2 units) to the workspace for the backward pass (backward.cu).
+// What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of
+// a producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync;
+// setmaxnreg; warpgroups instead of warps; 128 x 128 tiles (128 query rows per block, 128-key
+// tiles); the 128-byte swizzle that TMA writes and wgmma reads (common/wgmma_ptx.cuh). The online
+// softmax and the log-sum-exp (log2 units) written to the workspace for the backward pass
+// (backward.cu) are stage 08's.
 // Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); inside
 // a consumer warpgroup the softmax waits for its S product and the P V product for the softmax:
 // only the other warpgroup overlaps them (FlashAttention-3 also pipelines within a group).
