@@ -18,8 +18,10 @@ from cuda_timing import median_ms
 
 COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
 WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS = 3, 30, 5, 2000.0
-ATOL = RTOL = 4e-3  # the harness's bound (common/check.h)
-BWD_ATOL_RMS, BWD_RTOL = 2e-2, 1e-2  # the harness's backward bound (common/check.h)
+# A fixed sanity bound on head (0, 0), not the harness's rule: that rule (docs/measuring.md) needs
+# the float64 reference's rounding analysis per element, which this check does not compute.
+ATOL = RTOL = 4e-3
+BWD_ATOL_RMS, BWD_RTOL = 2e-2, 1e-2  # backward: relative to each gradient's rms
 SPIN_CYCLES = 200_000  # ~100 us at the H100's clock: longer than PyTorch's host dispatch
 
 
@@ -59,7 +61,7 @@ def check_error(q, k, v, out, causal):
 
 def check_grads(q, k, v, d_o, grads, causal):
     """Max abs error of dQ, dK, dV on head (0, 0) against float64 autograd, and the verdict under
-    the harness's backward bound (relative to each gradient's rms)."""
+    the fixed backward sanity bound above (relative to each gradient's rms)."""
     import torch
     qd, kd, vd = (t[0, 0].double().detach().requires_grad_() for t in (q, k, v))
     scores = (qd @ kd.T) / (q.shape[-1] ** 0.5)
