@@ -8,17 +8,18 @@
 // backward_dk_dv gives each block 64 keys and walks over the query tiles, holding dK and dV in
 // registers. dQ's rows are queries, which every key block touches, so dQ is summed across
 // blocks in one of two ways (kAtomicDq):
-//   atomics: each block writes dSᵀ to shared memory, multiplies dS K for the
-//     walked query tile and adds it to a float dQ accumulator in global memory with atomicAdd;
-//     backward_dq_convert turns the sums into fp16. Five matrix products; the order of the adds
-//     varies from run to run, so dQ's last bits do too.
-//   deterministic (the default, faster here): backward_dq gives each block 64 queries and walks over the key tiles,
-//     recomputing S and dP (seven products instead of five), and owns its dQ rows outright.
+//   atomics: each block writes dSᵀ to shared memory, multiplies dS K for the walked query tile
+//     and adds it to a float dQ accumulator in global memory with atomicAdd; backward_dq_convert
+//     turns the sums into fp16. Five matrix products; the order of the adds varies from run to
+//     run, so dQ's last bits do too.
+//   deterministic (the default, faster here): backward_dq gives each block 64 queries (128 at
+//     D = 128) and walks over the key tiles, recomputing S and dP (seven products instead of
+//     five), and owns its dQ rows outright.
 // Every product runs on the tensor cores, and each accumulator is reused as the A operand of the
 // next product in registers (Pᵀ for dV, dSᵀ for dK, dS for dQ in backward_dq), as in stage 07.
-// Limits: 16 rows per warp and a block-wide cp.async ring (stage 07's pipeline; the walked tiles
-// are shared by all four warps, so a producer warp would only add registers); dQ's atomics are
-// 64 x D floats per key block and query tile.
+// Limits: 16 rows per warp (32 in backward_dq at D = 128) and a block-wide cp.async ring (stage
+// 07's pipeline; the walked tiles are shared by all four warps, so a producer warp would only add
+// registers); dQ's atomics are 64 x D floats per key block and query tile.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -54,10 +55,13 @@ constexpr bool kAtomicDq = ATOMIC_DQ;
 // through a 2-slot cp.async ring; the walked tile shrinks as the registers per row grow. With
 // atomic dQ, dk_dv also keeps dSᵀ of one walked tile, padded by 8 halves a row so that ldmatrix
 // reads and the warps' writes spread over the banks.
+// Rows of the walked tile: 64 at D = 64 with one row tile per warp, else 32.
+template <int D, int TILES>
+__host__ __device__ constexpr int walk_rows() { return D == 64 && TILES == 1 ? 64 : 32; }
 template <int D> struct DkDvConfig {
     static constexpr int TILES = D == 64 ? KV_TILES_D64 : 1;  // row tiles per warp
     static constexpr int OWN = 16 * TILES * BWD_WARPS;         // keys per block
-    static constexpr int WALK = D == 64 && TILES == 1 ? 64 : 32;  // queries per walked tile
+    static constexpr int WALK = walk_rows<D, TILES>();        // queries per walked tile
     static constexpr int DS_LD = WALK + 8;
     static constexpr size_t bytes = sizeof(__half) * (2 * OWN * D + 2 * 2 * WALK * D) +
                                     (kAtomicDq ? sizeof(__half) * OWN * DS_LD : 0);
@@ -66,7 +70,7 @@ template <int D> struct DkDvConfig {
 template <int D> struct DqConfig {
     static constexpr int TILES = D == 64 ? Q_TILES_D64 : Q_TILES_D128;
     static constexpr int OWN = 16 * TILES * BWD_WARPS;         // queries per block
-    static constexpr int WALK = D == 64 && TILES == 1 ? 64 : 32;  // keys per walked tile
+    static constexpr int WALK = walk_rows<D, TILES>();        // keys per walked tile
     static constexpr size_t bytes = sizeof(__half) * (2 * OWN * D + 2 * 2 * WALK * D);
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };

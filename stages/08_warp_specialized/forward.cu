@@ -10,12 +10,13 @@
 // What changed from stage 07: the producer warp and the full/empty mbarrier pair per slot
 // (wrappers in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block
 // per SM instead of four warps and 2-3 blocks; a 3-slot ring at D = 64, 32-key tiles at D = 128
-// (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the workspace, which
-// the backward pass (backward.cu) reads. The consumers' math is stage 07's.
+// (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the
+// workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's.
 // Limits: registers are given per kernel, not per role: the producer warp holds as many as a
 // consumer (sm_90a's setmaxnreg, stage 09, moves them), so an SM runs 7 consumer warps where
-// stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks leave SMs idle on small problems. The tensor cores are
-// still fed from registers (ldmatrix + mma.sync), so the consumers, not the loads, set the pace.
+// stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks pad the last block of a head and leave
+// SMs idle on small problems. The tensor cores are still fed from registers (ldmatrix +
+// mma.sync), so the consumers, not the loads, set the pace.
 #include <math.h>
 
 #include "kernel_common.cuh"
