@@ -1,6 +1,6 @@
 // mma_ptx.cuh - thin wrappers over the PTX instructions stage 07 on uses (sm_80 and newer):
-// ldmatrix, mma.sync m16n8k16, cp.async, mbarrier; the XOR swizzle of shared-memory tiles and
-// the fragment loads from swizzled tiles.
+// ldmatrix, mma.sync m16n8k16, cp.async, mbarrier, float4 atomics; the XOR swizzle of
+// shared-memory tiles and the fragment loads from swizzled tiles.
 //
 // Register layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -58,6 +58,13 @@ __device__ inline void cp_async_16(void *smem_dst, const void *global_src, bool 
                  :
                  : "r"(smem_address(smem_dst)), "l"(global_src), "r"(valid ? 16 : 0));
 }
+// 4 bytes global -> shared (a float of a row vector such as the log-sum-exp); zero-filled when
+// `valid` is false. Copies under 16 bytes go through L1 (.ca).
+__device__ inline void cp_async_4(void *smem_dst, const void *global_src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :
+                 : "r"(smem_address(smem_dst)), "l"(global_src), "r"(valid ? 4 : 0));
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Wait until at most N of this thread's committed groups are still in flight.
 template <int N>
@@ -108,6 +115,22 @@ __device__ inline void load_b_frags_of_rows(uint32_t b[4], const __half *tile, i
 template <int D>
 __device__ inline void load_b_frags_trans(uint32_t b[4], const __half *tile, int k0, int n0, int lane) {
     ldmatrix_x4_trans(b, tile + swizzle<D>(k0 + lane % 8 + 8 * (lane / 8 % 2), n0 + 8 * (lane / 16)));
+}
+
+// *dst += v, 4 floats at a 16-byte aligned address, atomically per float. sm_90 adds the four in
+// one operation (red.global.add.v4.f32, PTX ISA 8.1); earlier GPUs (or kVector false) take four
+// atomicAdds.
+template <bool kVector>
+__device__ inline void atomic_add_float4(float *dst, float4 v) {
+#if __CUDA_ARCH__ >= 900
+    if constexpr (kVector) {
+        asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y),
+                     "f"(v.z), "f"(v.w)
+                     : "memory");
+        return;
+    }
+#endif
+    atomicAdd(dst, v.x), atomicAdd(dst + 1, v.y), atomicAdd(dst + 2, v.z), atomicAdd(dst + 3, v.w);
 }
 
 // mbarrier (sm_80+): a shared-memory barrier object that counts arrivals and flips a phase bit

@@ -22,10 +22,12 @@ variants=(
     "c4_b1|-DCONSUMERS=4 -DMIN_BLOCKS=1 -DKEY_TILE_D128=64 -DSTAGES_D128=2|fwd"
     "c6_k32_stages3|-DCONSUMERS=6 -DSTAGES_D64=3 -DKEY_TILE_D128=32 -DSTAGES_D128=3|fwd"
     "c7_stages2|-DSTAGES_D64=2|fwd"
-    "bwd_one_row_tile|-DQ_TILES_D128=1|bwd"
-    "bwd_two_row_tiles|-DKV_TILES_D64=2 -DQ_TILES_D64=2|bwd"
-    "atomic_dq|-DATOMIC_DQ=1|bwd"
-    "atomic_dq_two_row_tiles|-DATOMIC_DQ=1 -DKV_TILES_D64=2|bwd"
+    "bwd_scalar_atomics|-DVECTOR_ATOMICS=0|bwd"
+    "bwd_64_keys|-DDKDV_WARPS=4|bwd"
+    "bwd_k_from_smem|-DK_FRAGS_IN_REGS_D64=0|bwd"
+    "bwd_deterministic_dq|-DATOMIC_DQ=0|bwd"
+    "bwd_deterministic_dq_one_row_tile|-DATOMIC_DQ=0 -DQ_TILES_D128=1|bwd"
+    "bwd_deterministic_dq_two_row_tiles|-DATOMIC_DQ=0 -DQ_TILES_D64=2|bwd"
 )
 harness=$(find "$build" -name 'harness.c.o' | head -n 1)
 host_lib=$(find "$build" -name 'libattn_host.a' | head -n 1)
