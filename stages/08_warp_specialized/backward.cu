@@ -51,7 +51,7 @@ constexpr bool kAtomicDq = ATOMIC_DQ;
 #ifndef VECTOR_ATOMICS
 #define VECTOR_ATOMICS 1
 #endif
-constexpr bool kVectorAtomics = VECTOR_ATOMICS;
+[[maybe_unused]] constexpr bool kVectorAtomics = VECTOR_ATOMICS;  // unused with ATOMIC_DQ=0
 #define BWD_WARPS 4
 #define BWD_THREADS (32 * BWD_WARPS)
 // backward_dq: 16-row mma tiles per warp, as stage 07's ROW_TILES: with two, every fragment of
