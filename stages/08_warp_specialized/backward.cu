@@ -8,12 +8,13 @@
 // backward_dk_dv gives each block 128 keys (16 per warp, eight warps) and walks over the query
 // tiles, holding dK and dV in registers. dQ's rows are queries, which every key block touches,
 // so dQ is summed across blocks in one of two ways (kAtomicDq):
-//   atomics (the default, faster here): each block writes dSᵀ to shared memory, multiplies dS K
-//     for the walked query tile and adds it to a float dQ accumulator in global memory;
+//   atomics (sm_90 and newer, faster there): each block writes dSᵀ to shared memory, multiplies
+//     dS K for the walked query tile and adds it to a float dQ accumulator in global memory;
 //     backward_dq_convert turns the sums into fp16. Five matrix products; the order of the adds
 //     varies from run to run, so dQ's last bits do too.
-//   deterministic: backward_dq gives each block 64 queries (128 at D = 128) and walks over the
-//     key tiles, recomputing S and dP (seven products instead of five), and owns its dQ rows.
+//   deterministic (before sm_90, or -DATOMIC_DQ=0): backward_dq gives each block 64 queries (128
+//     at D = 128) and walks over the key tiles, recomputing S and dP (seven products instead of
+//     five), and owns its dQ rows.
 // Every product runs on the tensor cores, and each accumulator is reused as the A operand of the
 // next product in registers (Pᵀ for dV, dSᵀ for dK, dS for dQ in backward_dq), as in stage 07.
 // V (and at D = 64 K) is an A operand of the warp that owns its rows only, so its fragments are
@@ -30,7 +31,8 @@
 #include "backward_common.cuh"
 #include "stage08.h"
 
-// dQ by atomics (1, measured faster: lesson) or by a second, deterministic kernel (0, -DATOMIC_DQ=0).
+// dQ by atomics on sm_90 and newer (1, measured faster there: lesson; dq_by_atomics() below) or
+// always by the second, deterministic kernel (0, -DATOMIC_DQ=0).
 #ifndef ATOMIC_DQ
 #define ATOMIC_DQ 1
 #endif
@@ -70,12 +72,11 @@ __host__ __device__ constexpr int walk_rows() { return D == 64 && TILES == 1 ? 6
 
 // Shared memory of backward_dk_dv: the block's K tile (OWN keys; dQ's B operand, and S's A
 // operand unless kept in registers), a 2-slot cp.async ring of walked query tiles (Q, dO and the
-// tile's lse and delta), and with atomic dQ the warps' dSᵀ of one walked tile, padded by 8 halves
-// a row so that ldmatrix reads and the warps' writes spread over the banks, and each warp's dQ
-// piece (add_dq_tile). V is only ever an A
-// operand of the warp that owns its rows, so it lives in registers: it passes through the ring's
-// memory once, before the ring starts.
-template <int D> struct DkDvConfig {
+// tile's lse and delta), and with atomic dQ (ATOMIC) the warps' dSᵀ of one walked tile, padded by
+// 8 halves a row so that ldmatrix reads and the warps' writes spread over the banks, and each
+// warp's dQ piece (add_dq_tile). V is only ever an A operand of the warp that owns its rows, so
+// it lives in registers: it passes through the ring's memory once, before the ring starts.
+template <int D, bool ATOMIC> struct DkDvConfig {
     static constexpr int WARPS = DKDV_WARPS, THREADS = 32 * WARPS;
     static constexpr int OWN = 16 * WARPS;          // keys per block
     static constexpr int WALK = walk_rows<D, 1>();  // queries per walked tile
@@ -88,7 +89,7 @@ template <int D> struct DkDvConfig {
     static constexpr int DQ_ROW_GROUPS = WALK / 16, DQ_COLS = D / (WARPS / DQ_ROW_GROUPS), STAGE_LD = DQ_COLS + 8;
     static_assert(WARPS % DQ_ROW_GROUPS == 0 && DQ_COLS % 32 == 0, "the warps split dQ's tile into whole pieces");
     static constexpr size_t bytes = sizeof(__half) * OWN * D + 2 * SLOT +
-                                    (kAtomicDq ? sizeof(__half) * OWN * DS_LD + sizeof(float) * WARPS * 16 * STAGE_LD : 0);
+                                    (ATOMIC ? sizeof(__half) * OWN * DS_LD + sizeof(float) * WARPS * 16 * STAGE_LD : 0);
     static_assert(2 * SLOT >= sizeof(__half) * OWN * D, "V is staged through the ring");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
@@ -207,9 +208,9 @@ __device__ inline void store_rows(__half *dst, const float acc[RT][D / 8][4], fl
 // takes 16 query rows and DQ_COLS columns of the QT x D tile. A = dS comes from
 // dSᵀ by ldmatrix.trans, as B = V does in the forward; B = K is the block's own K tile.
 template <int D>
-__device__ inline void add_dq_tile(float *dq_head, __half *ds_t, const float ds[1][DkDvConfig<D>::WALK / 8][4],
+__device__ inline void add_dq_tile(float *dq_head, __half *ds_t, const float ds[1][DkDvConfig<D, true>::WALK / 8][4],
                                    const __half *k_tile, float *dq_stage, int i0, int S, int warp, int lane) {
-    using L = DkDvConfig<D>;
+    using L = DkDvConfig<D, true>;
     constexpr int QT = L::WALK, ROW_GROUPS = L::DQ_ROW_GROUPS, COLS = L::DQ_COLS;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -272,7 +273,7 @@ __global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n,
 template <int D>
 __device__ inline void load_query_tile(unsigned char *slot, const __half *q_head, const __half *do_head,
                                        const float *lse_head, const float *delta_head, int tile, int S) {
-    constexpr int QT = DkDvConfig<D>::WALK;
+    constexpr int QT = walk_rows<D, 1>();
     __half *q_tile = (__half *)slot, *do_tile = q_tile + QT * D;
     float *lse_tile = (float *)(do_tile + QT * D), *delta_tile = lse_tile + QT;
     const int i0 = tile * QT;
@@ -288,17 +289,17 @@ __device__ inline void load_query_tile(unsigned char *slot, const __half *q_head
 // dK, dV for OWN keys per block, 16 per warp; the query tiles (Q, dO, lse and delta; QT rows
 // each) stream through a 2-slot cp.async ring. Everything is computed transposed (keys as rows),
 // so that Pᵀ and dSᵀ come out as accumulators with keys as rows: the A operands of dV and dK.
-template <int D>
-__global__ void __launch_bounds__(DkDvConfig<D>::THREADS, 1)
+template <int D, bool ATOMIC>
+__global__ void __launch_bounds__(DkDvConfig<D, ATOMIC>::THREADS, 1)
 backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
                const float *delta, __half *dk, __half *dv, float *dq_accum, int S, float scale, int causal) {
-    using L = DkDvConfig<D>;
+    using L = DkDvConfig<D, ATOMIC>;
     constexpr int QT = L::WALK, OWN = L::OWN;
     extern __shared__ __align__(128) unsigned char smem[];
     __half *k_tile = (__half *)smem;                     // [OWN][D]
     unsigned char *ring = (unsigned char *)(k_tile + OWN * D);  // [2][Q tile, dO tile, lse, delta]
     __half *ds_t = (__half *)(ring + 2 * L::SLOT);       // [OWN][DS_LD]: dSᵀ, keys as rows (atomic dQ only)
-    float *dq_stage = (float *)(ds_t + (kAtomicDq ? OWN * L::DS_LD : 0));
+    float *dq_stage = (float *)(ds_t + (ATOMIC ? OWN * L::DS_LD : 0));
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
@@ -372,7 +373,7 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
             for (int e = 0; e < 4; e++) ds[0][n][e] = p[0][n][e] * (ds[0][n][e] - ((e & 1) ? d_i.y : d_i.x));
         }
         product_pb<D, QT, 1>(dk_acc, ds, q_tile, lane);
-        if constexpr (kAtomicDq) add_dq_tile<D>(dq_accum + head, ds_t, ds, k_tile, dq_stage, i0, S, warp, lane);
+        if constexpr (ATOMIC) add_dq_tile<D>(dq_accum + head, ds_t, ds, k_tile, dq_stage, i0, S, warp, lane);
 
         __syncthreads();  // everyone is done with this slot: refill it with tile + 2
         if (tile + 2 < n_tiles) load_query_tile<D>(slot, q + head, d_o + head, lse_head, delta_head, tile + 2, S);
@@ -471,33 +472,52 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
 // The dQ accumulator follows lse and delta, 256-byte aligned for the vector atomics.
 static size_t dq_accum_offset(const attn_shape *s) { return (lse_delta_workspace_bytes(s) + 255) / 256 * 256; }
 
+// Atomic dQ pays where one instruction adds 4 floats (sm_90 and newer). With one float per atomic
+// it is slower than the deterministic kernel on the H100 (lesson: bwd_scalar_atomics), so GPUs
+// before sm_90 take the deterministic kernel. -DVECTOR_ATOMICS=0 forces scalar atomics everywhere,
+// to measure exactly that.
+static bool dq_by_atomics() {
+    if (!kAtomicDq) return false;
+    if (!kVectorAtomics) return true;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+        return false;
+    return major >= 9;
+}
+
 size_t stage08_workspace_bytes(const attn_shape *s) {
     return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * attn_elems(s) : lse_delta_workspace_bytes(s);
 }
 
-size_t stage08_backward_shared_bytes(const attn_shape *s) {
-    const size_t dk_dv = s->dim == 64 ? DkDvConfig<64>::bytes : DkDvConfig<128>::bytes;
-    const size_t dq = kAtomicDq ? 0 : s->dim == 64 ? DqConfig<64>::bytes : DqConfig<128>::bytes;
-    return dk_dv > dq ? dk_dv : dq;
+template <int D>
+static size_t backward_shared_bytes() {
+    if (dq_by_atomics()) return DkDvConfig<D, true>::bytes;
+    return DkDvConfig<D, false>::bytes > DqConfig<D>::bytes ? DkDvConfig<D, false>::bytes : DqConfig<D>::bytes;
 }
 
-template <int D>
+size_t stage08_backward_shared_bytes(const attn_shape *s) {
+    return s->dim == 64 ? backward_shared_bytes<64>() : backward_shared_bytes<128>();
+}
+
+template <int D, bool ATOMIC>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    using DkDv = DkDvConfig<D>;
+    using DkDv = DkDvConfig<D, ATOMIC>;
     using Dq = DqConfig<D>;
     const float *lse = workspace_lse(s, t), *delta = workspace_delta(s, t);
-    float *dq_accum = (float *)((char *)t->workspace + dq_accum_offset(s));
+    float *dq_accum = ATOMIC ? (float *)((char *)t->workspace + dq_accum_offset(s)) : NULL;
     launch_backward_delta(s, t, stream);
-    cudaError_t err = allow_dynamic_smem(backward_dk_dv<D>, DkDv::bytes);
-    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
-    if (err == cudaSuccess && kAtomicDq) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * attn_elems(s), stream);
+    cudaError_t err = allow_dynamic_smem(backward_dk_dv<D, ATOMIC>, DkDv::bytes);
+    if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
+    if (err == cudaSuccess && ATOMIC) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * attn_elems(s), stream);
     if (err != cudaSuccess) return err;
     const float scale = 1.0f / sqrtf((float)D);
     const __half *q = (const __half *)t->q, *k = (const __half *)t->k, *v = (const __half *)t->v;
     const __half *d_o = (const __half *)t->d_o;
-    backward_dk_dv<D><<<dim3(ceil_div(s->seq, DkDv::OWN), s->heads, s->batch), DkDv::THREADS, DkDv::bytes, stream>>>(
-        q, k, v, d_o, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq, scale, s->causal);
-    if (kAtomicDq) {
+    backward_dk_dv<D, ATOMIC><<<dim3(ceil_div(s->seq, DkDv::OWN), s->heads, s->batch), DkDv::THREADS, DkDv::bytes,
+                                stream>>>(q, k, v, d_o, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq,
+                                          scale, s->causal);
+    if (ATOMIC) {
         backward_dq_convert<<<1024, 256, 0, stream>>>(dq_accum, (__half *)t->dq, attn_elems(s), scale);
     } else {
         backward_dq<D><<<dim3(ceil_div(s->seq, Dq::OWN), s->heads, s->batch), BWD_THREADS, Dq::bytes, stream>>>(
@@ -507,5 +527,6 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
 }
 
 cudaError_t stage08_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    return s->dim == 64 ? launch_backward<64>(s, t, stream) : launch_backward<128>(s, t, stream);
+    if (dq_by_atomics()) return s->dim == 64 ? launch_backward<64, true>(s, t, stream) : launch_backward<128, true>(s, t, stream);
+    return s->dim == 64 ? launch_backward<64, false>(s, t, stream) : launch_backward<128, false>(s, t, stream);
 }
