@@ -120,6 +120,42 @@ replace_block() {
         !skipping { print }' "$file"
 }
 
+# The training run of python/examples/train.py (plots/data/h100_training.csv): per run, the loss at
+# the last logged step, the mean of the last ten logged losses, and the median of the logged
+# throughputs; then flash_stages' throughput over each SDPA run's.
+training_table() {
+    local file=plots/data/h100_training.csv
+    [ -f "$file" ] || { echo "_No training run committed yet ($file)._"; return; }
+    awk -F, '
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    {
+        r = $col["run"] " seed " $col["seed"]; gpu = $col["gpu"]
+        if (!(r in seen)) { seen[r] = 1; order[++k] = r }
+        n[r]++; loss[r, n[r]] = $col["loss"]; last_step[r] = $col["step"]
+        if ($col["tokens_per_s"] != "") rate[r, ++m[r]] = $col["tokens_per_s"] + 0
+    }
+    function median(r,    i, j, t, a) {
+        for (i = 1; i <= m[r]; i++) a[i] = rate[r, i]
+        for (i = 2; i <= m[r]; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+        return m[r] % 2 ? a[(m[r] + 1) / 2] : (a[m[r] / 2] + a[m[r] / 2 + 1]) / 2
+    }
+    END {
+        print "One run of `python/examples/train.py` on the " gpu ", from `" FILENAME "`:"
+        print ""
+        print "| run | loss at the last step | mean of the last 10 logged losses | median tokens/s |"
+        print "|---|---:|---:|---:|"
+        for (i = 1; i <= k; i++) { r = order[i]; s = 0
+            for (j = n[r] - 9; j <= n[r]; j++) s += loss[r, j]
+            med[r] = median(r)
+            printf "| %s | %.5f (step %d) | %.5f | %.0f |\n", r, loss[r, n[r]], last_step[r], s / 10, med[r] }
+        for (i = 1; i <= k; i++) if (order[i] !~ /^sdpa/) ours = order[i]
+        print ""
+        line = "Throughput of " ours " over SDPA flash:"
+        for (i = 1; i <= k; i++) if (order[i] ~ /^sdpa/) line = line sprintf(" %.3fx (%s)", med[ours] / med[order[i]], order[i])
+        print line "."
+    }' "$file"
+}
+
 status=0
 process() {  # process FILE KEY (table on stdin)
     local file=$1 key=$2 new
@@ -137,6 +173,8 @@ process() {  # process FILE KEY (table on stdin)
 course_table | process README.md course
 ceilings_table | process docs/h100.md ceilings
 variants_table | process stages/08_warp_specialized/README.md 08_warp_specialized:variants
+training_table | process README.md training
+training_table | process python/README.md training
 for lesson in stages/*/README.md; do
     stage=$(basename "$(dirname "$lesson")")
     stage_table "$stage" fwd | process "$lesson" "$stage"

@@ -11,7 +11,9 @@ command -v gnuplot >/dev/null || { echo "render: gnuplot not found; skipped"; ex
 mkdir -p "$outdir"
 shopt -s nullglob
 csvs=()
-for csv in plots/data/*.csv; do [[ "$csv" == *_ceilings.csv || "$csv" == *_variants.csv ]] || csvs+=("$csv"); done
+for csv in plots/data/*.csv; do
+    [[ "$csv" == *_ceilings.csv || "$csv" == *_variants.csv || "$csv" == *_training.csv ]] || csvs+=("$csv")
+done
 [ ${#csvs[@]} -gt 0 ] || { echo "render: no CSV in plots/data" >&2; exit 1; }
 for csv in "${csvs[@]}"; do
     slug=$(basename "$csv" .csv)
@@ -24,5 +26,12 @@ for csv in "${csvs[@]}"; do
         [ -s "$outdir/${slug}_$chart.png" ] || { echo "render: $outdir/${slug}_$chart.png missing" >&2; exit 1; }
         echo "render: $outdir/${slug}_$chart.png"
     done
+done
+# The training runs of python/examples/train.py, one chart per GPU.
+for csv in plots/data/*_training.csv; do
+    chart=$outdir/$(basename "$csv" .csv).png
+    gnuplot -e "csv='$csv'; out='$chart'" plots/training.gp
+    [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
+    echo "render: $chart"
 done
 [ $check = 1 ] || bash plots/readme_table.sh --update

@@ -1,0 +1,173 @@
+"""Train one small decoder-only transformer three times on a copy task, with PyTorch's SDPA (flash
+backend; seeds 0 and 1) and with flash_stages (seed 0: the same weights and data as SDPA's seed 0),
+and write every logged step to a CSV (plots/data/<gpu>_training.csv; plots/training.gp draws it).
+
+The task: a sequence of S tokens whose first half holds S/2 distinct tokens drawn at random from
+the vocabulary and whose second half repeats the first. The loss counts the second half from its
+second token on: each of those tokens follows, in the first half, the one token equal to its
+predecessor, so it is determined by what came before and the best achievable loss is 0 nats. A
+model gets there by learning to look the predecessor up and copy what followed it (an induction
+head, over a distance of S/2). Rotary position embeddings give the attention relative positions.
+
+    python python/examples/train.py                           # the run the README shows
+    python python/examples/train.py --steps 300 --seq 1024    # a quick look
+"""
+
+import argparse
+import csv
+import pathlib
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:
+    import flash_stages  # installed: pip install ./python
+except ImportError:  # or straight from the source tree, with the libraries of its build/lib
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    import flash_stages
+
+
+def rotate(x, cos, sin):
+    """Rotary position embedding of x [B, H, S, D]: each pair (x_i, x_i+D/2) turned by a
+    position-dependent angle, so that q·k depends on the distance between positions. The result
+    is a new, contiguous [B, H, S, D] tensor."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # fp16 under autocast: attention takes fp16
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads, attention):
+        super().__init__()
+        self.heads, self.attention = heads, attention
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width, bias=False), nn.Linear(width, width, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x, cos, sin):
+        batch, seq, width = x.shape
+        # [B, S, H, D] seen as [B, H, S, D]: strided views. Rotating q and k writes them out
+        # contiguous; v stays strided (flash_stages copies it, SDPA reads the strides).
+        qkv = self.qkv(self.norm1(x)).view(batch, seq, 3, self.heads, width // self.heads)
+        q, k, v = qkv.transpose(1, 3).unbind(2)  # [B, H, 3, S, D] -> three [B, H, S, D]
+        o = self.attention(rotate(q, cos, sin), rotate(k, cos, sin), v)
+        x = x + self.proj(o.transpose(1, 2).reshape(batch, seq, width))
+        return x + self.mlp(self.norm2(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab, width, heads, layers, attention):
+        super().__init__()
+        self.head_dim = width // heads
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(Block(width, heads, attention) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
+
+    def forward(self, tokens):
+        seq, half = tokens.shape[1], self.head_dim // 2
+        frequencies = 10000.0 ** (-torch.arange(half, device=tokens.device) / half)
+        angles = torch.arange(seq, device=tokens.device)[:, None] * frequencies  # [S, D/2]
+        cos, sin = angles.cos(), angles.sin()
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.head(self.norm(x))
+
+
+def sdpa_flash(q, k, v):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def batches(args, seed):
+    gen = torch.Generator(device="cuda").manual_seed(1000 + seed)
+    half = args.seq // 2
+    while True:
+        # S/2 distinct tokens per sequence: the first S/2 of a random permutation of the vocabulary.
+        first = torch.rand(args.batch, args.vocab, generator=gen, device="cuda").argsort(dim=1)[:, :half]
+        yield torch.cat([first, first], dim=1)
+
+
+def train(args, run, attention, seed, writer):
+    torch.manual_seed(seed)
+    model = Decoder(args.vocab, args.width, args.heads, args.layers, attention).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    scaler = torch.amp.GradScaler("cuda")
+    data = batches(args, seed)
+    half = args.seq // 2
+    tokens_per_step = args.batch * args.seq
+    window_start, window_steps = None, 0
+    for step in range(1, args.steps + 1):
+        if step == args.warmup + 1:
+            torch.cuda.synchronize()
+            window_start, window_steps = time.perf_counter(), 0
+        lr = args.lr * min(1.0, step / args.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        tokens = next(data)
+        with torch.autocast("cuda", dtype=torch.float16):
+            logits = model(tokens[:, :-1])
+            # Logit t predicts token t + 1; the loss counts targets S/2 + 1 .. S - 1.
+            loss = F.cross_entropy(logits[:, half:].float().reshape(-1, args.vocab),
+                                   tokens[:, half + 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        if window_start is not None:
+            window_steps += 1
+        if step % args.log_every == 0 or step == args.steps:
+            torch.cuda.synchronize()
+            rate = ""
+            if window_start is not None and window_steps > 0:
+                rate = f"{window_steps * tokens_per_step / (time.perf_counter() - window_start):.0f}"
+            writer.writerow([args.gpu, run, seed, step, f"{loss.item():.5f}", rate])
+            print(f"{run:>14} step {step:5d}  loss {loss.item():.4f}  tokens/s {rate}", flush=True)
+            torch.cuda.synchronize()
+            window_start, window_steps = time.perf_counter(), 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--warmup", type=int, default=100, help="steps of linear learning-rate warm-up, untimed")
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=16, help="large enough that the GPU, not Python, sets the pace")
+    parser.add_argument("--vocab", type=int, default=4096, help="at least S/2")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=4, help="head dim = width / heads (64 or 128)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--log-every", type=int, default=25)
+    parser.add_argument("--stage", default=None, help="flash_stages stage (default: the fastest this GPU runs)")
+    parser.add_argument("--out", default=None, help="CSV path (default plots/data/<gpu>_training.csv)")
+    args = parser.parse_args()
+    if args.seq % 2 or args.vocab < args.seq // 2 or args.width // args.heads not in (64, 128):
+        parser.error("--seq must be even, --vocab at least seq / 2, and width / heads 64 or 128")
+    args.gpu = torch.cuda.get_device_name()
+    stage = args.stage or flash_stages.default_stage()
+    slug = "h100" if "H100" in args.gpu else "h200" if "H200" in args.gpu else args.gpu.lower().replace(" ", "_")
+    out = pathlib.Path(args.out or pathlib.Path(__file__).resolve().parents[2] / "plots" / "data" / f"{slug}_training.csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"{args.gpu}: {args.layers} layers, width {args.width}, {args.heads} heads of {args.width // args.heads}, "
+          f"S = {args.seq}, batch {args.batch}, vocab {args.vocab}; flash_stages stage {stage}; best loss 0")
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["gpu", "run", "seed", "step", "loss", "tokens_per_s"])
+        runs = [("sdpa_flash", sdpa_flash, 0), (f"flash_stages_{stage}",
+                lambda q, k, v: flash_stages.attention(q, k, v, causal=True, stage=stage), 0),
+                ("sdpa_flash", sdpa_flash, 1)]
+        for run, attention, seed in runs:
+            train(args, run, attention, seed, writer)
+            f.flush()
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

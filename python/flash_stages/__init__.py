@@ -1,0 +1,196 @@
+"""flash_stages: the course's attention kernels as a PyTorch operator, with autograd.
+
+    import flash_stages
+    o = flash_stages.attention(q, k, v, causal=True)   # as F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+The kernels are the stages' own C launchers (``build/lib/libflash_stages_<stage>.so``, see
+``_library.py``), registered as the custom ops ``flash_stages::forward`` and
+``flash_stages::backward`` (``torch.library.custom_op``, with fake implementations), so autograd,
+``torch.compile(fullgraph=True)`` and CUDA graphs work. Every buffer comes from PyTorch's allocator
+and every launch goes to PyTorch's current stream.
+"""
+
+import collections
+import functools
+import math
+
+import torch
+
+from . import _library
+
+__all__ = ["attention", "stages", "default_stage", "StageInfo"]
+
+StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a")
+StageInfo.__doc__ = """A stage: its name, its idea in one line, whether it has a backward pass (can
+train), and whether it needs an H100/H200 (sm_90a instructions)."""
+
+
+def stages():
+    """The stages found, in course order. Any of them is a valid ``stage=`` of :func:`attention`."""
+    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a) for s in _library.load_stages().values()]
+
+
+@functools.lru_cache(maxsize=None)
+def _default_stage(device_index):
+    found = _library.load_stages()
+    if "09_tma_wgmma" in found and torch.cuda.get_device_capability(device_index) == (9, 0):
+        return "09_tma_wgmma"
+    return "08_warp_specialized"
+
+
+def default_stage(device=None):
+    """The fastest stage this GPU runs: 09_tma_wgmma on an H100/H200 (compute capability 9.0),
+    08_warp_specialized on every other GPU from sm_80."""
+    if device is None:
+        return _default_stage(torch.cuda.current_device())
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return _default_stage(torch.cuda.current_device() if device.index is None else device.index)
+
+
+def _stage(name):
+    found = _library.load_stages()
+    if not found:
+        raise RuntimeError("flash_stages: no stage libraries found in "
+                           + ", ".join(str(d) for d in _library.library_dirs())
+                           + "; build them (cmake --workflow --preset default) or pip install ./python")
+    if name not in found:
+        raise ValueError(f"flash_stages: stage must be one of {', '.join(found)}; got {name!r}")
+    return found[name]
+
+
+def _shape(q, causal):
+    batch, heads, seq, dim = (int(n) for n in q.shape)
+    return _library.Shape(batch, heads, seq, dim, int(causal))
+
+
+def _pointer(t):
+    return t.data_ptr() if t is not None and t.numel() > 0 else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _why_not(stage_name, shape_key, device_index):
+    # Asked once per stage, shape and device: a training step calls the op many times, and the
+    # answer (shape, GPU generation, shared memory) does not change.
+    props = torch.cuda.get_device_properties(device_index)
+    return _stage(stage_name).why_not(_library.Shape(*shape_key), device_index, props.name,
+                                      (props.major, props.minor))
+
+
+def _check_runs(stage, shape, device):
+    key = (shape.batch, shape.heads, shape.seq, shape.dim, shape.causal)
+    reason = _why_not(stage.name, key, device.index)
+    if reason:
+        raise ValueError(reason)
+
+
+@torch.library.custom_op("flash_stages::forward", mutates_args=())
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             stage: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """O and the stage's workspace (bytes; for stages with a backward pass, the row log-sum-exp
+    the backward recomputes P from). Inputs: contiguous fp16 [B, H, S, D] on one CUDA device."""
+    st = _stage(stage)
+    shape = _shape(q, causal)
+    _check_runs(st, shape, q.device)
+    o = torch.empty_like(q)
+    workspace = torch.empty(st.workspace_bytes(shape), dtype=torch.uint8, device=q.device)
+    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
+                               workspace=_pointer(workspace))
+    st.forward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
+    return o, workspace
+
+
+@_forward.register_fake
+def _(q, k, v, causal, stage):
+    return torch.empty_like(q), q.new_empty(_stage(stage).workspace_bytes(_shape(q, causal)), dtype=torch.uint8)
+
+
+@torch.library.custom_op("flash_stages::backward", mutates_args=())
+def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+              workspace: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV. The backward writes its own scratch (delta, dQ's float sums) into the workspace,
+    so it works on a copy of the forward's: the op stays pure, and a graph can be run backward
+    twice (retain_graph). The copy is one pass over the workspace, a small part of the backward."""
+    st = _stage(stage)
+    shape = _shape(q, causal)
+    scratch = workspace.clone()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
+                               workspace=_pointer(scratch), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
+                               dv=_pointer(dv))
+    st.backward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
+    return dq, dk, dv
+
+
+@_backward.register_fake
+def _(d_o, q, k, v, o, workspace, causal, stage):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, stage = inputs
+    o, workspace = output
+    ctx.mark_non_differentiable(workspace)
+    ctx.save_for_backward(q, k, v, o, workspace)
+    ctx.causal, ctx.stage = causal, stage
+
+
+def _gradients(ctx, grad_o, grad_workspace):
+    q, k, v, o, workspace = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flash_stages.backward(grad_o.contiguous(), q, k, v, o, workspace, ctx.causal, ctx.stage)
+    return dq, dk, dv, None, None
+
+
+_forward.register_autograd(_gradients, setup_context=_setup_context)
+
+
+def _check_inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash_stages.attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"flash_stages.attention: {name} must be a CUDA tensor, got device {t.device}")
+        if t.dtype != torch.float16:
+            raise TypeError(f"flash_stages.attention: {name} must be torch.float16 (the kernels are fp16 only), "
+                            f"got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"flash_stages.attention: {name} must be 4-D [batch, heads, seq, dim], "
+                             f"got shape {tuple(t.shape)}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"flash_stages.attention: q, k and v must be on one device, got {q.device}, {k.device}, "
+                         f"{v.device}")
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"flash_stages.attention: q, k and v must have the same shape [batch, heads, seq, dim], "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    batch, heads, seq, dim = q.shape
+    if dim not in (64, 128):
+        raise ValueError(f"flash_stages.attention: the head dim (q.shape[-1]) must be 64 or 128, got {dim}")
+    if batch < 1 or heads < 1 or seq < 1:
+        raise ValueError(f"flash_stages.attention: batch, heads and seq must be at least 1, got {tuple(q.shape)}")
+
+
+def attention(q, k, v, causal=False, scale=None, stage=None):
+    """softmax(scale · q kᵀ, causal mask) v, as ``F.scaled_dot_product_attention(q, k, v,
+    is_causal=causal, scale=scale)``.
+
+    q, k, v: CUDA fp16 tensors of one shape [batch, heads, seq, dim], on one device; any seq >= 1,
+    dim 64 or 128. Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed) are
+    copied to contiguous ones first.
+
+    scale: None means 1/sqrt(dim), which the kernels apply themselves. Any other value is applied by
+    multiplying q by scale·sqrt(dim) before the kernel: one extra pass over q and one more fp16
+    rounding of it (autograd carries the factor into dq).
+
+    stage: a name from :func:`stages`, or None for :func:`default_stage`. Stages without a backward
+    pass (01-07) raise an error when a gradient is required.
+    """
+    _check_inputs(q, k, v)
+    name = default_stage(q.device) if stage is None else stage
+    st = _stage(name)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and not st.has_backward:
+        raise RuntimeError(f"flash_stages.attention: stage {name} has a forward pass only, and a gradient is "
+                           f"required; use 08_warp_specialized or 09_tma_wgmma, or run under torch.no_grad()")
+    dim = q.shape[-1]
+    if scale is not None and scale != 1.0 / math.sqrt(dim):
+        q = q * (scale * math.sqrt(dim))
+    o, _ = torch.ops.flash_stages.forward(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), name)
+    return o

@@ -1,0 +1,126 @@
+"""The stages' launchers, through ctypes: one ``libflash_stages_<stage>.so`` per stage, built by the
+project's CMake from the same objects as the stage's program, each exporting the ``attn_stage STAGE``
+table of ``common/attn.h``. No second implementation: the harness and PyTorch call the same C."""
+
+import ctypes
+import os
+import pathlib
+
+
+class Shape(ctypes.Structure):
+    """``attn_shape``: one attention problem, tensors ``[batch, heads, seq, dim]``."""
+
+    _fields_ = [(name, ctypes.c_int) for name in ("batch", "heads", "seq", "dim", "causal")]
+
+
+class Tensors(ctypes.Structure):
+    """``attn_tensors``: device pointers (NULL where unused)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "workspace", "d_o", "dq", "dk", "dv")]
+
+
+_UNSUPPORTED = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.POINTER(Shape))
+_BYTES = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(Shape))
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Shape), ctypes.POINTER(Tensors), ctypes.c_void_p)
+
+
+class _StageTable(ctypes.Structure):
+    """``attn_stage``, field for field."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("idea", ctypes.c_char_p),
+        ("unsupported", _UNSUPPORTED),
+        ("workspace_bytes", _BYTES),
+        ("shared_bytes", _BYTES),
+        ("forward", _LAUNCH),
+        ("backward", _LAUNCH),
+        ("needs_sm90a", ctypes.c_int),
+    ]
+
+
+def library_dirs():
+    """Where the libraries are looked for, in order: $FLASH_STAGES_LIB_DIR, the installed package's
+    lib/ (pip install ./python), and the source tree's build/lib/ (the README's build)."""
+    here = pathlib.Path(__file__).resolve().parent
+    dirs = [here / "lib", here.parents[1] / "build" / "lib"]
+    if os.environ.get("FLASH_STAGES_LIB_DIR"):
+        dirs.insert(0, pathlib.Path(os.environ["FLASH_STAGES_LIB_DIR"]))
+    return dirs
+
+
+class Stage:
+    """One stage's library: its table and the helpers its CUDA runtime answers."""
+
+    def __init__(self, path):
+        self.path = path
+        self._lib = ctypes.CDLL(str(path))
+        self._table = _StageTable.in_dll(self._lib, "STAGE")
+        self.name = self._table.name.decode()
+        self.idea = self._table.idea.decode()
+        self.has_backward = bool(self._table.backward)
+        self.needs_sm90a = bool(self._table.needs_sm90a)
+        lib = self._lib
+        lib.flash_stages_set_device.argtypes, lib.flash_stages_set_device.restype = [ctypes.c_int], ctypes.c_int
+        lib.flash_stages_error_string.argtypes, lib.flash_stages_error_string.restype = [ctypes.c_int], ctypes.c_char_p
+        lib.flash_stages_smem_optin.argtypes, lib.flash_stages_smem_optin.restype = [ctypes.c_int], ctypes.c_size_t
+        lib.smem_exceeds_limit.argtypes = [ctypes.c_char_p, ctypes.POINTER(Shape), ctypes.c_size_t, ctypes.c_char_p,
+                                           ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+        lib.smem_exceeds_limit.restype = ctypes.c_int
+
+    def workspace_bytes(self, shape):
+        return int(self._table.workspace_bytes(ctypes.byref(shape)))
+
+    def why_not(self, shape, device_index, gpu_name, capability):
+        """None when this stage runs `shape` on the device, else the sentence the harness prints."""
+        reason = self._table.unsupported(ctypes.byref(shape))
+        if reason:
+            return f"{self.name}: {reason.decode()}"
+        if self.needs_sm90a and tuple(capability) != (9, 0):
+            return (f"{self.name} uses Hopper-only instructions (wgmma, setmaxnreg, sm_90a) and needs an H100 or "
+                    f"H200; {gpu_name} is sm_{capability[0]}{capability[1]}")
+        self._set_device(device_index)
+        message = ctypes.create_string_buffer(512)
+        if self._lib.smem_exceeds_limit(self.name.encode(), ctypes.byref(shape),
+                                        self._table.shared_bytes(ctypes.byref(shape)), gpu_name.encode(),
+                                        self._lib.flash_stages_smem_optin(device_index), message, len(message)):
+            return message.value.decode()
+        return None
+
+    def forward(self, shape, tensors, device_index, stream):
+        self._launch(self._table.forward, "forward", shape, tensors, device_index, stream)
+
+    def backward(self, shape, tensors, device_index, stream):
+        self._launch(self._table.backward, "backward", shape, tensors, device_index, stream)
+
+    def _set_device(self, device_index):
+        # The library has its own CUDA runtime, with its own current device.
+        error = self._lib.flash_stages_set_device(device_index)
+        if error:
+            raise RuntimeError(f"{self.name}: cannot select CUDA device {device_index}: "
+                               f"{self._lib.flash_stages_error_string(error).decode()}")
+
+    def _launch(self, launcher, direction, shape, tensors, device_index, stream):
+        self._set_device(device_index)
+        error = launcher(ctypes.byref(shape), ctypes.byref(tensors), ctypes.c_void_p(stream))
+        if error:
+            raise RuntimeError(f"{self.name}: {direction} launch failed: "
+                               f"{self._lib.flash_stages_error_string(error).decode()}")
+
+
+_stages = None
+
+
+def load_stages():
+    """Every stage library found, by name, in course order (the first directory that has any wins)."""
+    global _stages
+    if _stages is None:
+        _stages = {}
+        for directory in library_dirs():
+            paths = sorted(directory.glob("libflash_stages_*.so"))
+            if paths:
+                for path in paths:
+                    stage = Stage(path)
+                    _stages[stage.name] = stage
+                break
+    return _stages

@@ -1,0 +1,202 @@
+"""flash_stages against float64 SDPA, under torch.compile, in CUDA graphs, on a side stream, and
+on bad input. Run by CTest (python/tests/run.py) with the build tree's libraries."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flash_stages
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Odd shapes: tails in every tile, S = 1, one head, several of each.
+SHAPES = [(1, 1, 1, 64), (2, 3, 77, 64), (1, 2, 333, 128), (2, 1, 1000, 64), (1, 3, 257, 128)]
+
+
+def runs_here(name):
+    info = {s.name: s for s in flash_stages.stages()}[name]
+    return not info.needs_sm90a or torch.cuda.get_device_capability() == (9, 0)
+
+
+TRAINING_STAGES = [s.name for s in flash_stages.stages() if s.backward] if torch.cuda.is_available() else []
+FORWARD_STAGES = [s.name for s in flash_stages.stages() if not s.backward] if torch.cuda.is_available() else []
+
+
+def inputs(shape, seed=0, requires_grad=False):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(shape, generator=gen, device="cuda", dtype=torch.float16).requires_grad_(requires_grad)
+            for _ in range(4)]
+
+
+def sdpa_with_grads(q, k, v, d_o, causal, dtype, scale=None):
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    o.backward(d_o.to(dtype))
+    return [o.detach(), q.grad, k.grad, v.grad]
+
+
+def max_error(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("stage", TRAINING_STAGES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_and_gradients_match_float64(stage, causal, shape):
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    q, k, v, d_o = inputs(shape, requires_grad=True)
+    o = flash_stages.attention(q, k, v, causal=causal, stage=stage)
+    o.backward(d_o)
+    ours = [o.detach(), q.grad, k.grad, v.grad]
+    exact = sdpa_with_grads(q, k, v, d_o, causal, torch.float64)
+    pytorch_fp16 = sdpa_with_grads(q, k, v, d_o, causal, torch.float16)
+    for name, mine, ref, theirs in zip(("o", "dq", "dk", "dv"), ours, exact, pytorch_fp16):
+        assert torch.isfinite(mine).all(), f"{name} has NaN or Inf"
+        bound = 2 * max_error(theirs, ref) + 1e-3
+        assert max_error(mine, ref) <= bound, f"{name}: error {max_error(mine, ref):.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("stage", FORWARD_STAGES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_only_stages_match_float64(stage, causal):
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    q, k, v, _ = inputs((1, 2, 333, 64))
+    with torch.no_grad():
+        o = flash_stages.attention(q, k, v, causal=causal, stage=stage)
+        exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert max_error(o, exact) <= 2 * max_error(theirs, exact) + 1e-3
+
+
+def test_default_stage_and_stage_list():
+    names = [s.name for s in flash_stages.stages()]
+    assert names == sorted(names) and "08_warp_specialized" in names
+    expected = "09_tma_wgmma" if torch.cuda.get_device_capability() == (9, 0) else "08_warp_specialized"
+    assert flash_stages.default_stage() == expected
+
+
+def test_scale_and_non_contiguous_inputs():
+    # [B, S, H, D] tensors seen as [B, H, S, D]: strided, not contiguous.
+    q, k, v, d_o = (t.transpose(1, 2).detach().requires_grad_() for t in inputs((2, 200, 3, 64), seed=1))
+    assert not q.is_contiguous()
+    o = flash_stages.attention(q, k, v, causal=True, scale=0.3)
+    o.backward(d_o)
+    exact = sdpa_with_grads(q, k, v, d_o, True, torch.float64, scale=0.3)
+    theirs = sdpa_with_grads(q, k, v, d_o, True, torch.float16, scale=0.3)
+    for mine, ref, fp16 in zip([o, q.grad, k.grad, v.grad], exact, theirs):
+        assert max_error(mine, ref) <= 2 * max_error(fp16, ref) + 1e-3
+
+
+def test_torch_compile_fullgraph():
+    q, k, v, d_o = inputs((2, 2, 300, 64), seed=2, requires_grad=True)
+
+    def step(q, k, v):
+        return flash_stages.attention(q, k, v, causal=True)
+
+    compiled = torch.compile(step, fullgraph=True)
+    o = compiled(q, k, v)
+    grads = torch.autograd.grad(o, (q, k, v), d_o)
+    o_eager = step(q, k, v)
+    grads_eager = torch.autograd.grad(o_eager, (q, k, v), d_o)
+    assert torch.equal(o, o_eager)
+    for a, b in zip(grads, grads_eager):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=0)  # dq may be summed in another order
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v, d_o = inputs((1, 2, 256, 128), seed=3, requires_grad=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph, as PyTorch's docs ask
+        for _ in range(2):
+            torch.autograd.grad(flash_stages.attention(q, k, v), (q, k, v), d_o)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = flash_stages.attention(q, k, v)
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), d_o)
+    new = inputs((1, 2, 256, 128), seed=4)
+    with torch.no_grad():
+        for static, fresh in zip((q, k, v, d_o), new):
+            static.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    o_eager = flash_stages.attention(q, k, v)
+    grads_eager = torch.autograd.grad(o_eager, (q, k, v), d_o)
+    torch.testing.assert_close(o, o_eager, atol=0, rtol=0)
+    for a, b in zip((dq, dk, dv), grads_eager):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=0)
+
+
+def test_runs_on_the_current_stream():
+    q, k, v, _ = inputs((2, 4, 512, 64), seed=5)
+    side = torch.cuda.Stream()
+    late_q = torch.zeros_like(q)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # the copy below lands late on this stream
+        late_q.copy_(q)
+        o = flash_stages.attention(late_q, k, v)  # wrong stream: it would read zeros
+    side.synchronize()
+    with torch.no_grad():
+        expected = flash_stages.attention(q, k, v)
+    assert torch.equal(o, expected)
+
+
+def good():
+    return inputs((1, 2, 64, 64))[:3]
+
+
+@pytest.mark.parametrize("case, error, words", [
+    ("cpu", ValueError, "q must be a CUDA tensor"),
+    ("bf16", TypeError, "k must be torch.float16"),
+    ("fp32", TypeError, "v must be torch.float16"),
+    ("dim96", ValueError, "head dim (q.shape[-1]) must be 64 or 128, got 96"),
+    ("3d", ValueError, "q must be 4-D"),
+    ("shapes", ValueError, "q, k and v must have the same shape"),
+    ("not_tensor", TypeError, "v must be a torch.Tensor"),
+    ("stage", ValueError, "stage must be one of"),
+    ("forward_only_grad", RuntimeError, "has a forward pass only"),
+])
+def test_bad_input_names_the_argument(case, error, words):
+    q, k, v = good()
+    kwargs = {}
+    if case == "cpu":
+        q = q.cpu()
+    elif case == "bf16":
+        k = k.bfloat16()
+    elif case == "fp32":
+        v = v.float()
+    elif case == "dim96":
+        q, k, v = (torch.randn(1, 2, 64, 96, device="cuda", dtype=torch.float16) for _ in range(3))
+    elif case == "3d":
+        q = q[0]
+    elif case == "shapes":
+        k = k[:, :, :32]
+    elif case == "not_tensor":
+        v = v.tolist()
+    elif case == "stage":
+        kwargs["stage"] = "10_nonexistent"
+    elif case == "forward_only_grad":
+        q.requires_grad_()
+        kwargs["stage"] = "07_swizzle_cp_async"
+    with pytest.raises(error) as raised:
+        flash_stages.attention(q, k, v, **kwargs)
+    assert words in str(raised.value)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_mismatched_devices():
+    q, k, v = good()
+    with pytest.raises(ValueError, match="must be on one device"):
+        flash_stages.attention(q, k.to("cuda:1"), v)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0),
+                    reason="this GPU runs stage 09")
+def test_hopper_stage_elsewhere_says_why():
+    q, k, v = good()
+    with pytest.raises(ValueError, match="needs an H100 or H200"):
+        flash_stages.attention(q, k, v, stage="09_tma_wgmma")
