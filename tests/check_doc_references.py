@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""check_doc_references.py - every reference the course's prose makes must exist.
+
+For each tracked Markdown file:
+  - relative links [text](path#anchor): the file exists, and the anchor is a heading of it;
+  - repository paths in code spans (`stages/08_warp_specialized/backward.cu`): the file or
+    directory exists (paths under build/ are build outputs and are not checked);
+  - commits ("commit 4e120ef", "at 1d11bc4"): the commit is in the history (skipped, with a note,
+    in a shallow clone that lacks the history);
+  - compile-time knobs (`-DATOMIC_DQ=0`): some source under stages/ or common/ tests the macro;
+  - options of the stage programs (`build/bin/08_warp_specialized --backward`): the harness
+    parses them.
+Prints each broken reference as FILE:LINE: what, and exits 1 if there is any.
+"""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def git(*args):
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+def tracked_markdown():
+    out = git("ls-files", "*.md")
+    if out.returncode != 0:  # not a git checkout: every Markdown file outside build trees
+        return sorted(p for p in ROOT.rglob("*.md") if "build" not in p.relative_to(ROOT).parts)
+    return [ROOT / line for line in out.stdout.split() if line]
+
+
+def slug(heading):
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path):
+    return {slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", path.read_text(), re.M)}
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+SPAN = re.compile(r"`([^`\n]+)`")
+COMMIT = re.compile(r"\b(?:commits?|at|from|in)\s+([0-9a-f]{7,40})\b")
+KNOB = re.compile(r"-D([A-Z][A-Z0-9_]+)=")
+PATH = re.compile(r"^(?:stages|common|tests|plots|docs|python|\.ci)/[\w./-]+$")
+PROGRAM = re.compile(r"build/bin/\d\d_\w+((?:\s+[^`|]*)?)")
+
+
+def source_macros():
+    """Every macro a kernel or helper source tests with #ifndef, #ifdef or defined()."""
+    macros = set()
+    for pattern in ("stages/*/*", "common/*"):
+        for path in ROOT.glob(pattern):
+            if path.suffix in (".cu", ".cuh", ".h", ".c"):
+                for ifdef, defined in re.findall(r"#\s*(?:ifndef|ifdef)\s+(\w+)|defined\((\w+)\)", path.read_text()):
+                    macros.add(ifdef or defined)
+    return macros
+
+
+def harness_options():
+    return set(re.findall(r'"(--[a-z][a-z0-9-]*)"', (ROOT / "common" / "harness.c").read_text()))
+
+
+def main():
+    problems = []
+    shallow = git("rev-parse", "--is-shallow-repository").stdout.strip() == "true"
+    have_git = git("rev-parse", "HEAD").returncode == 0
+    commits_known = {}
+    macros, options = source_macros(), harness_options()
+    anchor_cache = {}
+    checked = dict.fromkeys(("links", "paths", "commits", "knobs", "options"), 0)
+    for md in tracked_markdown():
+        rel = md.relative_to(ROOT)
+        text = md.read_text()
+        in_fence = False
+        for number, line in enumerate(text.splitlines(), 1):
+            where = f"{rel}:{number}"
+            if line.lstrip().startswith("```"):
+                in_fence = not in_fence
+            for target in LINK.findall(line):
+                if re.match(r"^[a-z]+:", target):
+                    continue  # http(s), mailto
+                checked["links"] += 1
+                file_part, _, anchor = target.partition("#")
+                dest = (md.parent / file_part).resolve() if file_part else md
+                if file_part and not dest.exists():
+                    problems.append(f"{where}: link to {target}: no such file")
+                    continue
+                if anchor and dest.suffix == ".md":
+                    if dest not in anchor_cache:
+                        anchor_cache[dest] = anchors(dest)
+                    if anchor not in anchor_cache[dest]:
+                        problems.append(f"{where}: link to {target}: no heading with that anchor")
+            spans = SPAN.findall(line) if not in_fence else [line]
+            for span in spans:
+                for word in span.split():
+                    word = word.strip(".,;:()")
+                    template = "<" in word or "NN" in word  # stages/NN_name/, libflash_stages_<stage>.so
+                    if PATH.match(word) and not template:
+                        checked["paths"] += 1
+                    if PATH.match(word) and not template and not (ROOT / word).exists():
+                        problems.append(f"{where}: {word}: no such file or directory")
+                for knob in KNOB.findall(span):
+                    checked["knobs"] += 1
+                    if knob not in macros and not knob.startswith("CMAKE_"):  # CMake's own variables
+                        problems.append(f"{where}: -D{knob}: no source under stages/ or common/ tests it")
+                for match in PROGRAM.finditer(span):
+                    for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", match.group(1)):
+                        checked["options"] += 1
+                        if option not in options:
+                            problems.append(f"{where}: {option}: not an option of the stage programs")
+            for sha in COMMIT.findall(line):
+                if not have_git or shallow:
+                    continue
+                checked["commits"] += 1
+                if sha not in commits_known:
+                    commits_known[sha] = git("cat-file", "-e", f"{sha}^{{commit}}").returncode == 0
+                if not commits_known[sha]:
+                    problems.append(f"{where}: commit {sha} is not in the history")
+    if shallow or not have_git:
+        print("check_doc_references: no full git history here; commits not checked")
+    for problem in problems:
+        print(problem)
+    print("check_doc_references: checked " + ", ".join(f"{n} {kind}" for kind, n in checked.items()) +
+          f"; {len(problems)} broken")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
