@@ -1,5 +1,6 @@
 # gpu_slug NAME: a short file name for a GPU ("NVIDIA H100 80GB HBM3" -> "h100"): the first word
-# after the vendor that contains a digit, lower-cased. Sourced by bench.sh and sdpa_peers.py's caller.
+# after the vendor that contains a digit, lower-cased. Sourced by bench.sh, stage_variants.sh,
+# render.sh, readme_table.sh and python/examples/train.py.
 gpu_slug() {
     local word
     for word in $1; do
@@ -10,4 +11,14 @@ gpu_slug() {
         fi
     done
     printf '%s\n' "$1" | tr 'A-Z ' 'a-z_' | tr -cd 'a-z0-9_-'
+}
+
+# bench_csvs: the benchmark's CSVs, plots/data/<gpu>.csv, one per line, without the other CSVs that
+# share the folder (<gpu>_ceilings, <gpu>_stage08_variants, <gpu>_training).
+bench_csvs() {
+    local csv
+    for csv in plots/data/*.csv; do
+        case "$csv" in *_ceilings.csv | *_variants.csv | *_training.csv) continue ;; esac
+        if [ -e "$csv" ]; then printf '%s\n' "$csv"; fi
+    done
 }

@@ -222,8 +222,8 @@ for lesson in stages/*/README.md; do
     stage_table "$stage" bwd | process "$lesson" "$stage:bwd"
 done
 # Each GPU's report page, plots/<gpu>.md, from its CSV.
-for data in plots/data/*.csv; do
-    case "$data" in *_ceilings.csv | *_variants.csv | *_training.csv) continue ;; esac
+source plots/gpu_slug.sh
+for data in $(bench_csvs); do
     page=plots/$(basename "$data" .csv).md
     new=$(mktemp)
     bash "$0" --report "$data" "$new"

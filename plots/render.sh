@@ -10,10 +10,8 @@ if [ "${1:-}" = "--check" ]; then check=1 outdir=${2:?usage: render.sh --check O
 command -v gnuplot >/dev/null || { echo "render: gnuplot not found; skipped"; exit 77; }
 mkdir -p "$outdir"
 shopt -s nullglob
-csvs=()
-for csv in plots/data/*.csv; do
-    [[ "$csv" == *_ceilings.csv || "$csv" == *_variants.csv || "$csv" == *_training.csv ]] || csvs+=("$csv")
-done
+source plots/gpu_slug.sh
+mapfile -t csvs < <(bench_csvs)
 [ ${#csvs[@]} -gt 0 ] || { echo "render: no CSV in plots/data" >&2; exit 1; }
 for csv in "${csvs[@]}"; do
     slug=$(basename "$csv" .csv)
