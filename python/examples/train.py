@@ -16,6 +16,7 @@ head, over a distance of S/2). Rotary position embeddings give the attention rel
 import argparse
 import csv
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -133,6 +134,14 @@ def train(args, run, attention, seed, writer):
             window_start, window_steps = time.perf_counter(), 0
 
 
+def default_csv(gpu):
+    """plots/data/<gpu>_training.csv, <gpu> named by plots/gpu_slug.sh as the benchmark names it."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    slug = subprocess.run(["bash", "-c", 'source plots/gpu_slug.sh && gpu_slug "$1"', "gpu_slug", gpu],
+                          cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    return root / "plots" / "data" / f"{slug}_training.csv"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1500)
@@ -152,8 +161,7 @@ def main():
         parser.error("--seq must be even, --vocab at least seq / 2, and width / heads 64 or 128")
     args.gpu = torch.cuda.get_device_name()
     stage = args.stage or flash_stages.default_stage()
-    slug = "h100" if "H100" in args.gpu else "h200" if "H200" in args.gpu else args.gpu.lower().replace(" ", "_")
-    out = pathlib.Path(args.out or pathlib.Path(__file__).resolve().parents[2] / "plots" / "data" / f"{slug}_training.csv")
+    out = pathlib.Path(args.out) if args.out else default_csv(args.gpu)
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{args.gpu}: {args.layers} layers, width {args.width}, {args.heads} heads of {args.width // args.heads}, "
           f"S = {args.seq}, batch {args.batch}, vocab {args.vocab}; flash_stages stage {stage}; best loss 0")
