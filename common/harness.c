@@ -27,6 +27,17 @@
 #define FLASH_STAGES_GIT_COMMIT "unknown"
 #endif
 
+// An ablation build (stages/<stage>/ablations.txt) links common/ablation_name.c, which defines its
+// name; everywhere else the weak declaration leaves it NULL. The program calls itself
+// <stage>.<ablation> in its messages and CSV rows, so an ablation never passes for the stage.
+extern const char *const flash_stages_ablation __attribute__((weak));
+static char program_name[256];
+
+static void set_program_name(void) {
+    const char *ablation = &flash_stages_ablation ? flash_stages_ablation : NULL;
+    snprintf(program_name, sizeof program_name, "%s%s%s", STAGE.name, ablation ? "." : "", ablation ? ablation : "");
+}
+
 enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU = 77 };
 
 // Timing stops early once this many seconds have been timed and at least MIN_TIMED_RUNS ran, so
@@ -67,11 +78,11 @@ static void usage(FILE *out) {
             "\n"
             "exit codes: 0 ok, 1 check failed or CUDA error, 2 bad arguments, 3 unsupported shape,\n"
             "77 no CUDA device\n",
-            STAGE.name, STAGE.name, STAGE.idea, TIME_BUDGET_S, MIN_TIMED_RUNS);
+            program_name, program_name, STAGE.idea, TIME_BUDGET_S, MIN_TIMED_RUNS);
 }
 
 static void die_usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "%s: ", STAGE.name);
+    fprintf(stderr, "%s: ", program_name);
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n\n");
     usage(stderr);
@@ -84,7 +95,7 @@ static long long parse_integer(const char *flag, const char *text, long long min
     errno = 0;
     long long value = strtoll(text, &end, 10);
     if (errno || end == text || *end != '\0' || value < min || value > max) {
-        fprintf(stderr, "%s: %s must be an integer in [%lld, %lld], got '%s'\n\n", STAGE.name, flag,
+        fprintf(stderr, "%s: %s must be an integer in [%lld, %lld], got '%s'\n\n", program_name, flag,
                 min, max, text);
         usage(stderr);
         exit(EXIT_USAGE);
@@ -159,7 +170,7 @@ static void widen(const uint16_t *src, float *dst, size_t n) {
 static void *xmalloc(size_t bytes) {
     void *p = malloc(bytes);
     if (!p) {
-        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", STAGE.name, bytes);
+        fprintf(stderr, "%s: out of host memory (%zu bytes)\n", program_name, bytes);
         exit(EXIT_CHECK_FAILED);
     }
     return p;
@@ -177,26 +188,26 @@ static void load_inputs(const char *dir, int backward, attn_shape *shape, uint16
         int dims[4];
         snprintf(path, sizeof path, "%s/%s.npy", dir, TENSOR_NAMES[t]);
         if (npy_read_f16_4d(path, dims, &host[t], error, sizeof error) != 0) {
-            fprintf(stderr, "%s: --load: %s\n", STAGE.name, error);
+            fprintf(stderr, "%s: --load: %s\n", program_name, error);
             exit(EXIT_USAGE);
         }
         if (t == 0) memcpy(first, dims, sizeof first);
         else if (memcmp(first, dims, sizeof first) != 0) {
             fprintf(stderr, "%s: --load: %s has shape [%d,%d,%d,%d] but q.npy has [%d,%d,%d,%d]\n",
-                    STAGE.name, path, dims[0], dims[1], dims[2], dims[3], first[0], first[1],
+                    program_name, path, dims[0], dims[1], dims[2], dims[3], first[0], first[1],
                     first[2], first[3]);
             exit(EXIT_USAGE);
         }
         // A NaN or Inf input makes the reference NaN too; refuse it here rather than blame the kernel.
         const attn_shape dims_shape = {.batch = dims[0], .heads = dims[1], .seq = dims[2], .dim = dims[3]};
         if (check_inputs_finite(&dims_shape, host[t], path, error, sizeof error) != 0) {
-            fprintf(stderr, "%s: --load: %s\n", STAGE.name, error);
+            fprintf(stderr, "%s: --load: %s\n", program_name, error);
             exit(EXIT_USAGE);
         }
     }
     if (first[0] > 65535 || first[1] > 65535 || first[3] > 1024) {
         fprintf(stderr, "%s: --load: shape [%d,%d,%d,%d] is out of range (B, H <= 65535, D <= 1024)\n",
-                STAGE.name, first[0], first[1], first[2], first[3]);
+                program_name, first[0], first[1], first[2], first[3]);
         exit(EXIT_USAGE);
     }
     shape->batch = first[0], shape->heads = first[1], shape->seq = first[2], shape->dim = first[3];
@@ -208,7 +219,7 @@ static void save_tensors(const char *dir, const attn_shape *s, uint16_t *const h
         char path[4096], error[4352];
         snprintf(path, sizeof path, "%s/%s.npy", dir, TENSOR_NAMES[t]);
         if (npy_write_f16_4d(path, dims, host[t], error, sizeof error) != 0) {
-            fprintf(stderr, "%s: --save: %s\n", STAGE.name, error);
+            fprintf(stderr, "%s: --save: %s\n", program_name, error);
             exit(EXIT_USAGE);
         }
     }
@@ -223,7 +234,7 @@ typedef cudaError_t (*attn_pass)(const attn_shape *shape, const attn_tensors *t,
 static void run_pass(attn_pass pass, const attn_shape *shape, const attn_tensors *t, cudaStream_t stream) {
     cudaError_t err = pass(shape, t, stream);
     if (err != cudaSuccess) {
-        fprintf(stderr, "%s: launch failed: %s\n", STAGE.name, cudaGetErrorString(err));
+        fprintf(stderr, "%s: launch failed: %s\n", program_name, cudaGetErrorString(err));
         exit(EXIT_CHECK_FAILED);
     }
 }
@@ -293,18 +304,13 @@ static void append_csv(const char *path, const char *gpu, const attn_shape *s, c
                        const timing *tm, double tflops, double gbps, double max_abs_err) {
     FILE *f = fopen(path, "a");
     if (!f) {
-        fprintf(stderr, "%s: cannot append to %s: %s\n", STAGE.name, path, strerror(errno));
+        fprintf(stderr, "%s: cannot append to %s: %s\n", program_name, path, strerror(errno));
         exit(EXIT_USAGE);
     }
     fseek(f, 0, SEEK_END);
     if (ftell(f) == 0) fputs(CSV_HEADER, f);
     const char *commit = getenv("FLASH_STAGES_COMMIT");
-    // A build of the stage with some of its ideas configured otherwise (plots/stage_variants.sh)
-    // is recorded as <stage>.<variant>, so it never passes for the stage itself.
-    const char *variant = getenv("FLASH_STAGES_VARIANT");
-    char stage[256];
-    snprintf(stage, sizeof stage, "%s%s%s", STAGE.name, variant && *variant ? "." : "", variant ? variant : "");
-    fprintf(f, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.1f,%.3e,%d,%s\n", gpu, stage, s->batch,
+    fprintf(f, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.1f,%.3e,%d,%s\n", gpu, program_name, s->batch,
             s->heads, s->seq, s->dim, s->causal, direction, tm->median_us, tflops, gbps, max_abs_err, tm->runs,
             commit && *commit ? commit : FLASH_STAGES_GIT_COMMIT);
     fclose(f);
@@ -321,24 +327,25 @@ static void report_timing(const options *opt, const char *gpu, const char *direc
 }
 
 int main(int argc, char **argv) {
+    set_program_name();
     options opt = parse_options(argc, argv);
     attn_shape *shape = &opt.shape;
     uint16_t *host[N_TENSORS] = {NULL};  // fp16 bits, in TENSOR_NAMES order
     if (opt.backward && !STAGE.backward) {
         fprintf(stderr, "%s: --backward: this stage has a forward pass only (stages 08 and 09 have both)\n",
-                STAGE.name);
+                program_name);
         return EXIT_UNSUPPORTED;
     }
     if (opt.load_dir) load_inputs(opt.load_dir, opt.backward, shape, host);
 
     if (attn_elems(shape) > (size_t)INT_MAX) {
         fprintf(stderr, "%s: B*H*S*D = %zu elements per tensor; at most %d are supported\n",
-                STAGE.name, attn_elems(shape), INT_MAX);
+                program_name, attn_elems(shape), INT_MAX);
         return EXIT_UNSUPPORTED;
     }
     const char *why_not = STAGE.unsupported(shape);
     if (why_not) {
-        fprintf(stderr, "%s: unsupported shape B=%d H=%d S=%d D=%d: %s\n", STAGE.name, shape->batch,
+        fprintf(stderr, "%s: unsupported shape B=%d H=%d S=%d D=%d: %s\n", program_name, shape->batch,
                 shape->heads, shape->seq, shape->dim, why_not);
         return EXIT_UNSUPPORTED;
     }
@@ -356,13 +363,13 @@ int main(int argc, char **argv) {
         // sm_90a code runs on compute capability 9.0 only; skipped (77), not failed.
         printf("SKIPPED: %s uses Hopper-only instructions (wgmma, setmaxnreg, sm_90a) and needs an H100 "
                "or H200; %s is sm_%d%d\n",
-               STAGE.name, prop.name, prop.major, prop.minor);
+               program_name, prop.name, prop.major, prop.minor);
         return EXIT_NO_GPU;
     }
     // A GPU with less shared memory per block than the stage asks for (sm_86 and sm_89 allow
     // 101,376 bytes; the H100 232,448): say so and skip, as for an unsupported shape.
     char too_big[512];
-    if (smem_exceeds_limit(STAGE.name, shape, STAGE.shared_bytes(shape), prop.name,
+    if (smem_exceeds_limit(program_name, shape, STAGE.shared_bytes(shape), prop.name,
                            prop.sharedMemPerBlockOptin, too_big, sizeof too_big)) {
         fprintf(stderr, "%s\n", too_big);
         return EXIT_UNSUPPORTED;
@@ -371,7 +378,7 @@ int main(int argc, char **argv) {
     snprintf(gpu, sizeof gpu, "%s", prop.name);
     for (char *c = gpu; *c; c++)
         if (*c == ',') *c = ' ';  // keep the CSV parseable
-    printf("%s on %s: B=%d H=%d S=%d D=%d %s%s\n", STAGE.name, gpu, shape->batch, shape->heads,
+    printf("%s on %s: B=%d H=%d S=%d D=%d %s%s\n", program_name, gpu, shape->batch, shape->heads,
            shape->seq, shape->dim, shape->causal ? "causal" : "non-causal",
            opt.backward ? ", forward and backward" : "");
 
@@ -383,7 +390,7 @@ int main(int argc, char **argv) {
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double need = (double)n_tensors * bytes + workspace + 2.0 * prop.l2CacheSize;
     if (need > 0.9 * free_bytes) {
-        fprintf(stderr, "%s: skipped: needs %.1f GiB of device memory, %.1f GiB free\n", STAGE.name,
+        fprintf(stderr, "%s: skipped: needs %.1f GiB of device memory, %.1f GiB free\n", program_name,
                 need / 1073741824.0, free_bytes / 1073741824.0);
         return EXIT_UNSUPPORTED;
     }

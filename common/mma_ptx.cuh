@@ -74,15 +74,18 @@ __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n
 // c of row r is stored at chunk c ^ (r % 8). The 8 rows that one ldmatrix (or one column of
 // cp.async writes) touches at the same logical chunk land in 8 different 16-byte bank groups.
 // Returns the offset in halves of element (row, col), col a multiple of 8 for 16-byte accesses.
-// FLASH_STAGES_NO_SWIZZLE builds the plain row-major layout instead, for the bank-conflict
-// measurement in stage 07's lesson.
+// -DSWIZZLE=0 builds the plain row-major layout instead: the no_swizzle ablation of stages 07
+// and 08, which measures what the swizzle is worth.
+#ifndef SWIZZLE
+#define SWIZZLE 1
+#endif
+constexpr bool kSwizzle = SWIZZLE;
 template <int D>
 __device__ inline int swizzle(int row, int col) {
-#ifdef FLASH_STAGES_NO_SWIZZLE
-    return row * D + col;
-#else
-    return row * D + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
-#endif
+    if constexpr (kSwizzle)
+        return row * D + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+    else
+        return row * D + col;
 }
 
 // Start copying rows [row0, row0 + ROWS) of one head's [S, D] fp16 matrix into a swizzled tile,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU (the forward, then the
-# backward of the stages that have one), then the PyTorch SDPA peers (forward and backward) and
-# the GPU's ceilings; write plots/data/<gpu>.csv and <gpu>_ceilings.csv and render the
-# charts. Run it through `cmake --workflow --preset bench` (README), which builds first and sets
+# backward of the stages that have one), then the PyTorch SDPA peers (forward and backward), the
+# stages' ablation builds (plots/ablations.sh) and the GPU's ceilings; write plots/data/<gpu>.csv,
+# <gpu>_ablations.csv and <gpu>_ceilings.csv and render the charts. Run it through `cmake --workflow --preset bench` (README), which builds first and sets
 # FLASH_STAGES_BIN.
 #
 # Each measurement is checked against the float64 reference before it is timed; a stage that
@@ -57,6 +57,8 @@ done
 echo "bench: PyTorch SDPA peers on the same shapes, forward and backward"
 python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
 python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
+echo "bench: the ablation builds at S = 4096 (plots/ablations.sh)"
+bash plots/ablations.sh "${stages[@]}" || failures=$((failures + 1))
 echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"
 ceilings_tmp=$(mktemp "${TMPDIR:-/tmp}/ceilings.XXXXXX.csv")
 python3 plots/ceilings.py --csv "$ceilings_tmp" || failures=$((failures + 1))

@@ -1,5 +1,5 @@
 # gpu_slug NAME: a short file name for a GPU ("NVIDIA H100 80GB HBM3" -> "h100"): the first word
-# after the vendor that contains a digit, lower-cased. Sourced by bench.sh, stage_variants.sh,
+# after the vendor that contains a digit, lower-cased. Sourced by bench.sh, ablations.sh,
 # render.sh, readme_table.sh and python/examples/train.py.
 gpu_slug() {
     local word
@@ -14,11 +14,11 @@ gpu_slug() {
 }
 
 # bench_csvs: the benchmark's CSVs, plots/data/<gpu>.csv, one per line, without the other CSVs that
-# share the folder (<gpu>_ceilings, <gpu>_stage08_variants, <gpu>_training).
+# share the folder (<gpu>_ceilings, <gpu>_ablations, <gpu>_profiles, <gpu>_training).
 bench_csvs() {
     local csv
     for csv in plots/data/*.csv; do
-        case "$csv" in *_ceilings.csv | *_variants.csv | *_training.csv) continue ;; esac
+        case "$csv" in *_ceilings.csv | *_ablations.csv | *_profiles.csv | *_training.csv) continue ;; esac
         if [ -e "$csv" ]; then printf '%s\n' "$csv"; fi
     done
 }

@@ -13,11 +13,21 @@ cd "$(dirname "$0")/.."
 mode=${1:?usage: readme_table.sh --update|--check|--report CSV OUT}
 csv=plots/data/h100.csv
 if [ "$mode" = --report ]; then csv=${2:?usage: readme_table.sh --report CSV OUT}; fi
+# The same GPU's other CSVs: ablation builds, Nsight Compute metrics, ceilings.
+ablations_csv=${csv%.csv}_ablations.csv
+profiles_csv=${csv%.csv}_profiles.csv
+ceilings_csv=${csv%.csv}_ceilings.csv
 
 # The course table: each stage and peer at S = 4096 on the sweep, plus the small shape.
 course_table() {
     [ -f "$csv" ] || { echo "_No H100 measurements committed yet (plots/data/h100.csv)._"; return; }
-    awk -F, '
+    local percents=""
+    if [ -f "$profiles_csv" ] && [ -f "$ceilings_csv" ]; then
+        percents=$(awk -F, -v profiles="$profiles_csv" -v ceilings="$ceilings_csv" -f plots/roofline.awk "$csv" |
+            awk '{ print $1, $2, $6 }')
+    fi
+    awk -F, -v percents="$percents" '
+    BEGIN { m = split(percents, lines, "\n"); for (i = 1; i <= m; i++) { split(lines[i], f, " "); pc[f[1], f[2]] = f[3] } }
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     $col["direction"] == "fwd" {
         n = $col["stage"]; S = $col["seq"]; D = $col["dim"]; c = $col["causal"]; B = $col["batch"]; H = $col["heads"]
@@ -36,10 +46,17 @@ course_table() {
         cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
         print "from `" FILENAME "` (commit " cs "):"
         print ""
-        print "| stage | D=64 | D=64 causal | D=128 | D=128 causal | B=1 H=8 S=512 D=64 (us) |"
-        print "|---|---:|---:|---:|---:|---:|"
+        if (m > 0) {
+            print "| stage | D=64 | D=64 causal | D=128 | D=128 causal | B=1 H=8 S=512 D=64 (us) | % of measured ceiling, D=64 / D=128 |"
+            print "|---|---:|---:|---:|---:|---:|---:|"
+        } else {
+            print "| stage | D=64 | D=64 causal | D=128 | D=128 causal | B=1 H=8 S=512 D=64 (us) |"
+            print "|---|---:|---:|---:|---:|---:|"
+        }
         for (i = 1; i <= k; i++) { n = order[i]
-            printf "| %s | %s | %s | %s | %s | %s |\n", n, v(tf[n,64,0]), v(tf[n,64,1]), v(tf[n,128,0]), v(tf[n,128,1]), v(small[n]) }
+            line = sprintf("| %s | %s | %s | %s | %s | %s |", n, v(tf[n,64,0]), v(tf[n,64,1]), v(tf[n,128,0]), v(tf[n,128,1]), v(small[n]))
+            if (m > 0) line = line sprintf(" %s |", (n, 64) in pc ? pc[n, 64] " / " pc[n, 128] : "-")
+            print line }
         if (bk == 0) exit
         print ""
         print "Backward TFLOP/s at S = 4096 (FLOPs 2.5x the forward):"
@@ -82,27 +99,169 @@ stage_table() {
     }' "$csv"
 }
 
-# Stage 08's configurations (plots/stage_variants.sh): TFLOP/s at S = 4096 of the stage as built,
-# of each variant, and of stage 07, all from one run.
-variants_table() {
-    local file=plots/data/h100_stage08_variants.csv
-    [ -f "$file" ] || { echo "_No H100 variant measurements committed yet ($file)._"; return; }
-    awk -F, '
+# A stage's ablation builds (stages/<stage>/ablations.txt, timed by plots/ablations.sh): TFLOP/s
+# at S = 4096 of the stage as built and of each build with one idea switched off, from one run,
+# with the ratio to the stage as built; the previous stage's as-built row for reference.
+ablation_table() {
+    local stage=$1 list=stages/$1/ablations.txt file=${ablations_csv}
+    [ -f "$list" ] || return 0
+    [ -f "$file" ] || { echo "_No ablation measurements committed yet ($file)._"; return 0; }
+    local previous
+    previous=$(basename "$(ls -d stages/"$(printf '%02d' $((10#${stage:0:2} - 1)))"_* 2>/dev/null | head -n 1)" 2>/dev/null || true)
+    awk -F, -v stage="$stage" -v list="$list" -v previous="$previous" '
+    BEGIN {
+        while ((getline line < list) > 0) {
+            if (line ~ /^#/ || line ~ /^[ \t]*$/) continue
+            split(line, f, "|")
+            for (i = 1; i <= 4; i++) gsub(/^[ \t]+|[ \t]+$/, "", f[i])
+            names[++n] = f[1]; passes[f[1]] = f[2]; what[f[1]] = f[4]
+            if (f[2] ~ /bwd/) has_bwd = 1
+        }
+    }
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     {
-        n = $col["stage"]; d = $col["direction"]; key = n SUBSEP d
-        if (!(key in seen)) { seen[key] = 1; order[++k] = key }
-        tf[key, $col["dim"], $col["causal"]] = sprintf("%.1f", $col["tflops"]); commit = $col["commit"]; gpu = $col["gpu"]
+        tf[$col["stage"], $col["direction"], $col["dim"], $col["causal"]] = $col["tflops"]
+        gpu = $col["gpu"]; commit[$col["commit"]] = 1
     }
-    function v(x) { return x == "" ? "-" : x }
+    function cell(build, pass, d, c,    x, b) {
+        if (!((build, pass, d, c) in tf)) return "-"
+        x = tf[build, pass, d, c]
+        if (build == stage || !((stage, pass, d, c) in tf)) return sprintf("%.1f", x)
+        b = tf[stage, pass, d, c]
+        return sprintf("%.1f (%.2fx)", x, x / b)
+    }
+    function row(build, label, pass, change) {
+        printf "| %s | %s | %s | %s | %s | %s | %s |\n", label, pass, change, cell(build, pass, 64, 0),
+            cell(build, pass, 64, 1), cell(build, pass, 128, 0), cell(build, pass, 128, 1)
+    }
     END {
-        print "TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the " gpu ", one run of `plots/stage_variants.sh` (commit " commit "), from `" FILENAME "`:"
+        cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
+        print "TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the " gpu ", one run of `plots/ablations.sh` (commit " cs "), from `" FILENAME "`; in brackets the ratio to the stage as built:"
         print ""
-        print "| build | pass | D=64 | D=64 causal | D=128 | D=128 causal |"
-        print "|---|---|---:|---:|---:|---:|"
-        for (i = 1; i <= k; i++) { split(order[i], p, SUBSEP)
-            printf "| %s | %s | %s | %s | %s | %s |\n", p[1], p[2], v(tf[order[i],64,0]), v(tf[order[i],64,1]), v(tf[order[i],128,0]), v(tf[order[i],128,1]) }
+        print "| build | pass | what the build changes | D=64 | D=64 causal | D=128 | D=128 causal |"
+        print "|---|---|---|---:|---:|---:|---:|"
+        row(stage, stage " as built", "fwd", "")
+        if (has_bwd) row(stage, stage " as built", "bwd", "")
+        for (i = 1; i <= n; i++) {
+            split(passes[names[i]], p, " ")
+            for (j = 1; j in p; j++) row(stage "." names[i], "`." names[i] "`", p[j], what[names[i]])
+        }
+        if (previous != "" && (previous, "fwd", 64, 0) in tf) row(previous, previous " as built (previous stage)", "fwd", "")
     }' "$file"
+}
+
+# The metrics the lessons quote from Nsight Compute (plots/profiles.sh), one column per profiled
+# build, kernel and D of a stage; a row per metric.
+profile_table() {
+    local stage=$1 file=${profiles_csv}
+    [ -f "$file" ] || { echo "_No profile committed yet ($file)._"; return 0; }
+    awk -F, -v stage="$stage" '
+    NR == 1 { next }
+    $2 == stage || index($2, stage ".") == 1 {
+        key = $2 SUBSEP $3 SUBSEP $4
+        if (!(key in seen)) { seen[key] = 1; keys[++n] = key }
+        v[key, $5] = $6; unit[key, $5] = $7; gpu = $1; commit[$8] = 1
+        if ($5 ~ /^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$/) {
+            reason = $5; sub(/^smsp__average_warps_issue_stalled_/, "", reason); sub(/_per_issue_active\.ratio$/, "", reason)
+            if (reason != "selected") stall[key, reason] = $6 + 0
+        }
+    }
+    function has(k, m) { return (k, m) in v }
+    function ms(k,    x) { x = v[k, "gpu__time_duration.sum"]; u = unit[k, "gpu__time_duration.sum"]
+        return sprintf("%.2f", u == "msecond" ? x : u == "usecond" ? x / 1e3 : x / 1e6) }
+    function pct(k, m) { return has(k, m) ? sprintf("%.1f", v[k, m]) : "-" }
+    function num(k, m, scale, fmt) { return has(k, m) ? sprintf(fmt, v[k, m] / scale) : "-" }
+    function top(k, rank,    r, best, bestv, i, used) {
+        for (i = 1; i <= rank; i++) {
+            best = ""; bestv = -1
+            for (r in reasons) if (!(r in used) && (k, r) in stall && stall[k, r] > bestv) { best = r; bestv = stall[k, r] }
+            used[best] = 1
+        }
+        return best == "" ? "-" : sprintf("%s %.2f", best, bestv)
+    }
+    END {
+        if (n == 0) { print "_No profile of " stage " in the committed CSV._"; exit }
+        for (x in stall) { split(x, p, SUBSEP); reasons[p[4]] = 1 }
+        cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
+        print "Nsight Compute on the " gpu " (`plots/profiles.sh`, commit " cs "), S = 4096, B = 4, H*D = 2048, non-causal; every kernel of one run. Full pages in `docs/profiles/" stage "_h100_ncu.txt`, metrics in `plots/data/h100_profiles.csv`:"
+        print ""
+        line = "| metric"; rule = "|---"
+        for (i = 1; i <= n; i++) { split(keys[i], p, SUBSEP)
+            label = p[1] == stage ? "" : "`" substr(p[1], length(stage) + 1) "` "
+            line = line " | " label "`" p[2] "` D=" p[3]; rule = rule "|---:" }
+        print line " |"; print rule "|"
+        row("duration under ncu (ms)", "time")
+        row("compute (SM) throughput, % of peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed")
+        row("memory throughput, % of peak", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed")
+        row("DRAM throughput, % of peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+        row("DRAM traffic (GB)", "dram")
+        row("registers per thread", "launch__registers_per_thread")
+        row("blocks per SM the registers allow", "launch__occupancy_limit_registers")
+        row("blocks per SM the shared memory allows", "launch__occupancy_limit_shared_mem")
+        row("theoretical occupancy, %", "sm__maximum_warps_per_active_cycle_pct")
+        row("achieved occupancy, %", "sm__warps_active.avg.pct_of_peak_sustained_active")
+        row("issue slots busy, %", "smsp__issue_active.avg.pct_of_peak_sustained_active")
+        row("FMA pipe active, %", "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active")
+        row("tensor (mma.sync) pipe active, %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
+        row("shared-load wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum")
+        row("shared-load bank conflicts (M)", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum")
+        row("local-memory (spill) traffic (MB)", "local")
+        row("top stall, cycles per issued instruction", "stall1")
+        row("second stall", "stall2")
+    }
+    function row(label, what,    i, k, line, x) {
+        line = "| " label
+        for (i = 1; i <= n; i++) { k = keys[i]
+            if (what == "time") x = has(k, "gpu__time_duration.sum") ? ms(k) : "-"
+            else if (what == "dram") x = has(k, "dram__bytes_read.sum") ? sprintf("%.2f", (v[k, "dram__bytes_read.sum"] + v[k, "dram__bytes_write.sum"]) / 1e9) : "-"
+            else if (what == "local") x = has(k, "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum") ? sprintf("%.1f", (v[k, "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"] + v[k, "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"]) / 1e6) : "-"
+            else if (what == "stall1") x = top(k, 1)
+            else if (what == "stall2") x = top(k, 2)
+            else if (what ~ /sum$/) x = num(k, what, 1e6, "%.1f")
+            else if (what ~ /^launch__/) x = num(k, what, 1, "%d")
+            else x = pct(k, what)
+            line = line " | " x }
+        print line " |"
+    }' "$file"
+}
+
+# Stage 04's experiment: stage 03, stage 03 with stage 04's shared memory per block (unused), and
+# stage 04; speed from the ablation run, resources and occupancy from the profile.
+occupancy_table() {
+    [ -f "$ablations_csv" ] && [ -f "$profiles_csv" ] || { echo "_Not measured yet ($ablations_csv, $profiles_csv)._"; return 0; }
+    awk -F, -v profiles="$profiles_csv" '
+    BEGIN {
+        while ((getline line < profiles) > 0) { split(line, f, ","); m[f[2], f[4], f[5]] = f[6]; gpu = f[1] }
+        builds[1] = "03_online_softmax"; builds[2] = "03_online_softmax.smem_of_04"; builds[3] = "04_smem_state"
+    }
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $col["direction"] == "fwd" && $col["causal"] == 0 { tf[$col["stage"], $col["dim"]] = $col["tflops"]; commit = $col["commit"] }
+    function get(b, d, k) { return (b, d, k) in m ? m[b, d, k] : "-" }
+    END {
+        print "On the " gpu ": TFLOP/s at S = 4096, non-causal (`" FILENAME "`, commit " commit "); resources and occupancy from Nsight Compute (`plots/data/h100_profiles.csv`):"
+        print ""
+        print "| build | D | TFLOP/s | shared memory per block (bytes) | registers per thread | blocks per SM: registers / shared memory | theoretical occupancy % | achieved occupancy % |"
+        print "|---|---:|---:|---:|---:|---|---:|---:|"
+        for (d = 64; d <= 128; d += 64) for (i = 1; i <= 3; i++) { b = builds[i]
+            printf "| %s | %d | %s | %s | %s | %s / %s | %s | %s |\n", b, d, (b, d) in tf ? sprintf("%.2f", tf[b, d]) : "-",
+                get(b, d, "launch__shared_mem_per_block_dynamic"), get(b, d, "launch__registers_per_thread"),
+                get(b, d, "launch__occupancy_limit_registers"), get(b, d, "launch__occupancy_limit_shared_mem"),
+                get(b, d, "sm__maximum_warps_per_active_cycle_pct"), (b, d, "sm__warps_active.avg.pct_of_peak_sustained_active") in m ? sprintf("%.1f", m[b, d, "sm__warps_active.avg.pct_of_peak_sustained_active"]) : "-" }
+    }' "$ablations_csv"
+}
+
+# Where each stage sits against the measured ceilings (plots/roofline.awk), beside the roofline chart.
+roofline_table() {
+    [ -f "$profiles_csv" ] && [ -f "$ceilings_csv" ] || { echo "_Not measured yet ($profiles_csv, $ceilings_csv)._"; return 0; }
+    echo "Forward at S = 4096, B = 4, H*D = 2048, non-causal. Intensity: FLOPs per byte of DRAM traffic that"
+    echo "Nsight Compute counted (\`$profiles_csv\`); TFLOP/s from \`$csv\`; ceiling: the lower of the peak of"
+    echo "the units that compute QKᵀ (FP32 CUDA cores for 01–04, tensor cores from 05) and intensity × copy"
+    echo "bandwidth (\`$ceilings_csv\`):"
+    echo
+    echo "| stage | D | FLOP per DRAM byte | TFLOP/s | ceiling (TFLOP/s) | % of ceiling |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    awk -F, -v profiles="$profiles_csv" -v ceilings="$ceilings_csv" -f plots/roofline.awk "$csv" |
+        awk '{ printf "| %s | %s | %s | %.1f | %s (%s) | %s |\n", $1, $2, $3, $4, $5, $7 == "tc" ? "tensor cores" : ($5 < 51 ? "bandwidth" : "FP32 cores"), $6 }'
 }
 
 # The GPU's measured ceilings (plots/ceilings.py).
@@ -179,6 +338,10 @@ report_page() {
     echo "## All stages"
     echo
     course_table
+    if [ -f "$profiles_csv" ] && [ -f "$ceilings_csv" ]; then
+        echo
+        roofline_table
+    fi
     for lesson in stages/*/README.md; do
         local stage
         stage=$(basename "$(dirname "$lesson")")
@@ -189,6 +352,14 @@ report_page() {
         if grep -qF "<!-- measured:$stage:bwd:begin -->" "$lesson"; then
             echo
             stage_table "$stage" bwd
+        fi
+        if [ -f "stages/$stage/ablations.txt" ] && [ -f "$ablations_csv" ]; then
+            echo
+            ablation_table "$stage"
+        fi
+        if [ -f "$profiles_csv" ]; then
+            echo
+            profile_table "$stage"
         fi
     done
 }
@@ -213,13 +384,16 @@ process() {  # process FILE KEY (table on stdin)
 }
 course_table | process README.md course
 ceilings_table | process docs/h100.md ceilings
-variants_table | process stages/08_warp_specialized/README.md 08_warp_specialized:variants
+occupancy_table | process stages/04_smem_state/README.md 04_smem_state:occupancy
+roofline_table | process README.md roofline
 training_table | process README.md training
 training_table | process python/README.md training
 for lesson in stages/*/README.md; do
     stage=$(basename "$(dirname "$lesson")")
     stage_table "$stage" fwd | process "$lesson" "$stage"
     stage_table "$stage" bwd | process "$lesson" "$stage:bwd"
+    ablation_table "$stage" | process "$lesson" "$stage:ablations"
+    profile_table "$stage" | process "$lesson" "$stage:profile"
 done
 # Each GPU's report page, plots/<gpu>.md, from its CSV.
 source plots/gpu_slug.sh

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# gpu_session.sh [test|quick|variants|bench|all] - what one call on a lent GPU machine runs: build
+# gpu_session.sh [test|quick|ablations|bench|all] - what one call on a lent GPU machine runs: build
 # for the local GPU, then
 #   test:     every CTest test, compute-sanitizer memcheck, racecheck and synccheck on a small
 #             odd causal shape per stage, forward and backward, and every stage on the hard inputs
 #             of tests/gpu_hard_inputs.sh;
 #   quick:    test, plus each stage timed at S = 4096;
-#   variants: test, plus plots/stage_variants.sh (stage 08's configurations at S = 4096);
+#   ablations: test, plus plots/ablations.sh (every ablation build at S = 4096) and
+#             plots/profiles.sh (Nsight Compute profile of every stage);
 #   bench:    plots/bench.sh over every shape (writes plots/data/<gpu>.csv);
 #   all:      test and bench.
 # Logs go to $OUT (or ./gpu_out), so they come back even when a step fails.
@@ -19,7 +20,7 @@ nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native >"$out/build.log" 2>&1 &&
     cmake --build build-gpu -j 16 >>"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
-stages=$(ls build-gpu/bin)
+stages=$(ls build-gpu/bin | grep -v '\.')  # the stages, not their ablation builds (<stage>.<name>)
 
 run_tests() {
 ctest --test-dir build-gpu -j 8 --output-on-failure >"$out/ctest.log" 2>&1
@@ -58,9 +59,11 @@ export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-unknown}
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
     FLASH_STAGES_BIN=build-gpu/bin bash plots/bench.sh $stages 2>&1 | tee "$out/bench.log"
     cp plots/data/*.csv "$out/"
-elif [ "$mode" = variants ]; then
-    bash plots/stage_variants.sh build-gpu 2>&1 | tee "$out/variants.log"
-    cp plots/data/*_stage08_variants.csv "$out/" 2>/dev/null
+elif [ "$mode" = ablations ]; then
+    FLASH_STAGES_BIN=build-gpu/bin bash plots/ablations.sh $stages 2>&1 | tee "$out/ablations.log"
+    FLASH_STAGES_BIN=build-gpu/bin bash plots/profiles.sh 2>&1 | tee "$out/profiles.log"
+    cp plots/data/*_ablations.csv plots/data/*_profiles.csv "$out/" 2>/dev/null
+    mkdir -p "$out/profiles" && cp docs/profiles/*.txt "$out/profiles/"
 elif [ "$mode" = quick ]; then
     for stage in $stages; do
         for shape in "4 32 4096 64" "4 16 4096 128"; do

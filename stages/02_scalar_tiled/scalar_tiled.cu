@@ -15,13 +15,22 @@
 #define BLOCK_ROWS 64  // query rows per block = threads per block
 #define KEY_TILE 32    // keys per shared-memory tile
 
+// Thread r reads row r of q_tile, all threads at the same column d at once. With a row stride of
+// D floats (a multiple of 32) those 32 reads fall in one bank; one float of padding per row puts
+// row r in bank (r + d) % 32. -DPAD_Q_ROWS=0 is the ablation build without it.
+#ifndef PAD_Q_ROWS
+#define PAD_Q_ROWS 1
+#endif
+constexpr bool kPadQRows = PAD_Q_ROWS;
+template <int D> __host__ __device__ constexpr int q_stride() { return kPadQRows ? D + 1 : D; }
+
 template <int D>
 __global__ void __launch_bounds__(BLOCK_ROWS)
 scalar_tiled_kernel(const __half *q, const __half *k, const __half *v, __half *o, int S,
                     float scale, int causal) {
     extern __shared__ float smem[];
-    float *q_tile = smem;                           // [BLOCK_ROWS][D + 1]: thread r reads row r
-    float *k_tile = q_tile + BLOCK_ROWS * (D + 1);  // [KEY_TILE][D]: all threads read one row
+    float *q_tile = smem;                              // [BLOCK_ROWS][D + 1]: thread r reads row r
+    float *k_tile = q_tile + BLOCK_ROWS * q_stride<D>();  // [KEY_TILE][D]: all threads read one row
     float *v_tile = k_tile + KEY_TILE * D;          // [KEY_TILE][D]
 
     const size_t head = head_offset(blockIdx.z, blockIdx.y, gridDim.y, S, D);
@@ -30,8 +39,8 @@ scalar_tiled_kernel(const __half *q, const __half *k, const __half *v, __half *o
     // Causal: tiles past the block's last query are masked for every row, so skip them.
     const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
 
-    load_tile_f32<BLOCK_ROWS, D>(q_tile, D + 1, q + head, q0, S);
-    const float *q_row = q_tile + threadIdx.x * (D + 1);
+    load_tile_f32<BLOCK_ROWS, D>(q_tile, q_stride<D>(), q + head, q0, S);
+    const float *q_row = q_tile + threadIdx.x * q_stride<D>();
 
     // Pass 1: row max over every key this query sees.
     float row_max = -INFINITY;
@@ -74,7 +83,7 @@ scalar_tiled_kernel(const __half *q, const __half *k, const __half *v, __half *o
 }
 
 template <int D> struct Layout {  // q_tile, k_tile, v_tile
-    static constexpr size_t bytes = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);
+    static constexpr size_t bytes = sizeof(float) * (BLOCK_ROWS * q_stride<D>() + 2 * KEY_TILE * D);
 };
 
 template <int D>

@@ -82,8 +82,17 @@ online_softmax_kernel(const __half *q, const __half *k, const __half *v, __half 
     }
 }
 
-template <int D> struct Layout {  // q_tile, k_tile, v_tile
-    static constexpr size_t bytes = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D);
+// -DSMEM_OF_04=1 builds the experiment of stage 04's lesson: this kernel, unchanged, with as much
+// (unused) shared memory per block as stage 04 asks for, so that it fits as few blocks per SM as
+// stage 04 does. It separates what stage 04's occupancy costs from where its state lives.
+#ifndef SMEM_OF_04
+#define SMEM_OF_04 0
+#endif
+constexpr bool kSmemOf04 = SMEM_OF_04;
+
+template <int D> struct Layout {  // q_tile, k_tile, v_tile (and, for the experiment, stage 04's state)
+    static constexpr size_t state_of_04 = kSmemOf04 ? BLOCK_ROWS * (D + 1) + 2 * BLOCK_ROWS : 0;
+    static constexpr size_t bytes = sizeof(float) * (BLOCK_ROWS * (D + 1) + 2 * KEY_TILE * D + state_of_04);
 };
 
 template <int D>

@@ -17,6 +17,13 @@
 #define BLOCK_ROWS 64  // query rows per block = threads per block
 #define KEY_TILE 32    // keys per shared-memory tile
 
+// P V with the output column outermost, so that the shared-memory o_acc is touched once per tile.
+// -DCOLUMN_OUTER=0 is the ablation build: keys outermost, as the register version could afford.
+#ifndef COLUMN_OUTER
+#define COLUMN_OUTER 1
+#endif
+constexpr bool kColumnOuter = COLUMN_OUTER;
+
 template <int D>
 __global__ void __launch_bounds__(BLOCK_ROWS)
 smem_state_kernel(const __half *q, const __half *k, const __half *v, __half *o, int S,
@@ -72,11 +79,21 @@ smem_state_kernel(const __half *q, const __half *k, const __half *v, __half *o, 
             tile_sum += scores[c];
         }
         *row_sum = *row_sum * alpha + tile_sum;
-        for (int d = 0; d < D; d++) {
-            float acc = o_acc[d] * alpha;
+        if constexpr (kColumnOuter) {
+            // Each o_acc element is read and written once per tile; the sum over the tile's keys
+            // runs in a register.
+            for (int d = 0; d < D; d++) {
+                float acc = o_acc[d] * alpha;
 #pragma unroll
-            for (int c = 0; c < KEY_TILE; c++) acc += scores[c] * v_tile[c * D + d];
-            o_acc[d] = acc;
+                for (int c = 0; c < KEY_TILE; c++) acc += scores[c] * v_tile[c * D + d];
+                o_acc[d] = acc;
+            }
+        } else {
+            // Keys outer: o_acc in shared memory is read and written once per key.
+            for (int d = 0; d < D; d++) o_acc[d] *= alpha;
+#pragma unroll
+            for (int c = 0; c < KEY_TILE; c++)
+                for (int d = 0; d < D; d++) o_acc[d] += scores[c] * v_tile[c * D + d];
         }
         *row_max = new_max;
     }

@@ -30,11 +30,16 @@ template <int D> constexpr int key_tile() { return D == 64 ? 64 : 32; }
 
 // Shared-memory row strides. WMMA needs 32-byte aligned fragment pointers and a stride that is a
 // multiple of 8 halves or 4 floats; the extra 8 halves / 4 floats stagger rows across banks.
+// -DPAD_ROWS=0 is the ablation build with unpadded rows, which measures what the padding is worth.
+#ifndef PAD_ROWS
+#define PAD_ROWS 1
+#endif
+constexpr bool kPadRows = PAD_ROWS;
 template <int D> struct Layout {
     static constexpr int KEY_TILE = key_tile<D>();
-    static constexpr int LD_HALF = D + 8;              // q_tile, k_tile, v_tile
-    static constexpr int LD_SCORE = KEY_TILE + 4;      // s_tile
-    static constexpr int LD_O = D + 1;                 // o_tile (scalar access only)
+    static constexpr int LD_HALF = D + (kPadRows ? 8 : 0);          // q_tile, k_tile, v_tile
+    static constexpr int LD_SCORE = KEY_TILE + (kPadRows ? 4 : 0);  // s_tile
+    static constexpr int LD_O = D + (kPadRows ? 1 : 0);             // o_tile (scalar access only)
     static constexpr size_t bytes = sizeof(__half) * (BLOCK_ROWS + 2 * KEY_TILE) * LD_HALF +
                                     sizeof(float) * (BLOCK_ROWS * LD_SCORE + BLOCK_ROWS * LD_O + 2 * BLOCK_ROWS);
 };

@@ -36,11 +36,16 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_frag;
 
 // Shared-memory row strides. WMMA needs 32-byte aligned fragment pointers and a stride that is a
 // multiple of 8 halves or 4 floats; the extra 8 halves / 4 floats stagger rows across banks.
+// -DPAD_ROWS=0 is the ablation build with unpadded rows, which measures what the padding is worth.
+#ifndef PAD_ROWS
+#define PAD_ROWS 1
+#endif
+constexpr bool kPadRows = PAD_ROWS;
 template <int D> struct Layout {
-    static constexpr int LD_HALF = D + 8;              // q_tile, k_tile, v_tile
-    static constexpr int LD_SCORE = KEY_TILE + 4;      // s_tile (fp32)
-    static constexpr int LD_P = 2 * LD_SCORE;          // p_tile (fp16) overlays s_tile row by row
-    static constexpr int LD_OUT = D + 4;               // output staging (fp32), reuses k_tile/v_tile
+    static constexpr int LD_HALF = D + (kPadRows ? 8 : 0);          // q_tile, k_tile, v_tile
+    static constexpr int LD_SCORE = KEY_TILE + (kPadRows ? 4 : 0);  // s_tile (fp32)
+    static constexpr int LD_P = 2 * LD_SCORE;                        // p_tile (fp16) overlays s_tile row by row
+    static constexpr int LD_OUT = D + (kPadRows ? 4 : 0);            // output staging (fp32), reuses k_tile/v_tile
     static constexpr size_t bytes = sizeof(__half) * (BLOCK_ROWS + 2 * KEY_TILE) * LD_HALF +
                                     sizeof(float) * (BLOCK_ROWS * LD_SCORE + 3 * BLOCK_ROWS);
     static_assert(sizeof(float) * BLOCK_ROWS * LD_OUT <= sizeof(__half) * 2 * KEY_TILE * LD_HALF,

@@ -28,13 +28,37 @@
 #include "kernel_common.cuh"
 #include "mma_ptx.cuh"
 
-#define WARPS 4         // warp w owns query rows [WARP_ROWS w, WARP_ROWS (w + 1))
+// The ideas of this stage beyond the fragment layout, each of which an ablation build switches
+// off with -D (stages/07_swizzle_cp_async/ablations.txt; the swizzle's switch, SWIZZLE, is in
+// common/mma_ptx.cuh). The lesson's table measures what each is worth.
+#ifndef ROW_TILES
 #define ROW_TILES 2     // 16-row mma tiles per warp: each K/V fragment feeds ROW_TILES MMAs
+#endif
+#ifndef STAGES
+#define STAGES 2        // depth of the K/V cp.async ring (1: no copy in flight during math)
+#endif
+#ifndef EXP2
+#define EXP2 1          // exp2 with log2(e) folded into the scale (0: expf)
+#endif
+#ifndef EDGE_MASKS_ONLY
+#define EDGE_MASKS_ONLY 1  // mask only the tiles that need it (0: every tile)
+#endif
+#ifndef LONGEST_FIRST
+#define LONGEST_FIRST 1    // causal: launch the longest query blocks first (0: in order)
+#endif
+#ifndef WARP_SKIP
+#define WARP_SKIP 1        // causal: a warp skips a tile wholly above its rows (0: computes it)
+#endif
+constexpr bool kExp2 = EXP2, kEdgeMasksOnly = EDGE_MASKS_ONLY, kLongestFirst = LONGEST_FIRST,
+               kWarpSkip = WARP_SKIP;
+
+#define WARPS 4         // warp w owns query rows [WARP_ROWS w, WARP_ROWS (w + 1))
 #define WARP_ROWS (16 * ROW_TILES)
 #define BLOCK_ROWS (WARPS * WARP_ROWS)  // 128 query rows per block
 #define KEY_TILE 64     // keys per K/V tile
 #define THREADS (32 * WARPS)
-#define STAGES 2        // depth of the K/V cp.async ring
+
+__device__ inline float softmax_exp(float x) { return kExp2 ? exp2f(x) : expf(x); }
 
 template <int D> struct Layout {
     static constexpr int TILE = KEY_TILE * D;  // halves in one K or V tile
@@ -58,7 +82,7 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
     const size_t head = head_offset(blockIdx.z, blockIdx.y, gridDim.y, S, D);
     // Causal blocks near the end of the sequence have the most tiles: launch them first, so the
     // short ones fill the gaps at the end of the grid instead of the long ones making a tail.
-    const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int q_block = causal && kLongestFirst ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int q0 = q_block * BLOCK_ROWS;
     const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
     const int n_tiles = ceil_div(kv_end, KEY_TILE);
@@ -66,7 +90,9 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
     const int g = lane / 4, t = lane % 4;  // rows g, g + 8 of each row tile; columns 2t, 2t + 1
     const int warp_row0 = warp * WARP_ROWS;  // first row of this warp inside the block
     const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
-    const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+    // exp(x) = exp2(x log2 e): with log2 e folded into the scale, each exponential is one ex2.
+    // row_max is then in log2 units (in natural units with kExp2 off).
+    const float scale_log2 = kExp2 ? scale * 1.4426950408889634f : scale;
 
     // Prologue: group 0 = Q and tile 0, group s = tile s. Empty groups keep the count uniform.
     cp_async_tile<BLOCK_ROWS, D>(q_tile, q + head, q0, S);
@@ -98,7 +124,7 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
 
         // Causal: a diagonal tile can lie wholly above this warp's rows. Skip its math (the
         // barriers below still see every warp). Tile 0 is never skipped: key 0 is every row's.
-        if (!causal || k0 <= warp_last_query) {
+        if (!causal || !kWarpSkip || k0 <= warp_last_query) {
             // S = Q K^T: WARP_ROWS x 64 per warp. Q's A fragments are re-read from shared memory
             // (32 rows of them would not fit in registers next to O); one ldmatrix x4 of K rows
             // gives the B fragments of two 8-key blocks, each used by ROW_TILES MMAs.
@@ -125,7 +151,7 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
             }
 
             // Masks: only the tail tile and, when causal, tiles reaching past the warp's first row.
-            if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
+            if (!kEdgeMasksOnly || k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
 #pragma unroll
                 for (int m = 0; m < ROW_TILES; m++)
 #pragma unroll
@@ -151,14 +177,14 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
                     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
                     // Tile 0 holds key 0, which no row masks: the max is finite from the first tile on.
                     const float new_max = fmaxf(row_max[m][r], tile_max * scale_log2);
-                    const float alpha = exp2f(row_max[m][r] - new_max);  // 0 on the first tile
+                    const float alpha = softmax_exp(row_max[m][r] - new_max);  // 0 on the first tile
                     row_max[m][r] = new_max;
                     float tile_sum = 0.0f;
 #pragma unroll
                     for (int n = 0; n < KEY_TILE / 8; n++)
 #pragma unroll
                         for (int e = 2 * r; e < 2 * r + 2; e++) {
-                            s_acc[m][n][e] = exp2f(s_acc[m][n][e] * scale_log2 - new_max);  // now P
+                            s_acc[m][n][e] = softmax_exp(s_acc[m][n][e] * scale_log2 - new_max);  // now P
                             tile_sum += s_acc[m][n][e];
                         }
                     row_sum[m][r] = row_sum[m][r] * alpha + tile_sum;

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# ablations.sh STAGE... - time every stage that has ablation builds (stages/<stage>/ablations.txt)
+# and each of those builds at S = 4096 (B = 4, H*D = 2048; D = 64 and 128, causal and not), in the
+# passes each build changes, and write the rows to plots/data/<gpu>_ablations.csv: the lessons'
+# tables "what each idea is worth" come from it. bench.sh runs it after the sweep; run alone, it
+# needs FLASH_STAGES_BIN (default build/bin) to hold the built programs.
+#
+# Every measurement is checked against the float64 reference before it is timed (the harness
+# does both); exit status is non-zero if a check failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source plots/gpu_slug.sh
+
+bin=${FLASH_STAGES_BIN:-build/bin}
+[ $# -gt 0 ] || { echo "usage: FLASH_STAGES_BIN=build/bin $0 STAGE..." >&2; exit 2; }
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+[ -n "$gpu_name" ] || { echo "ablations: no NVIDIA GPU found (nvidia-smi failed)" >&2; exit 1; }
+out=plots/data/$(gpu_slug "$gpu_name")_ablations.csv
+tmp=$(mktemp "${TMPDIR:-/tmp}/ablations.XXXXXX.csv")
+export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+
+failures=0 start=$SECONDS
+time_build() {  # time_build PROGRAM PASS
+    local program=$1 pass=$2 flags=() dim causal log
+    [ "$pass" = bwd ] && flags+=(--backward)
+    for dim in 64 128; do
+        for causal in "" --causal; do
+            if log=$("$bin/$program" "${flags[@]}" --batch 4 --heads $((2048 / dim)) --seq 4096 --dim $dim \
+                $causal --bench --csv "$tmp" 2>&1); then
+                printf '[%4ds] %-48s %s D=%-3s %-8s %s\n' $((SECONDS - start)) "$program" "$pass" $dim \
+                    "${causal:-}" "$(grep '^time' <<<"$log" | sed 's/^time[^:]*: //')"
+            else
+                echo "ablations: $program $pass D=$dim $causal FAILED:"; sed 's/^/    /' <<<"$log"
+                failures=$((failures + 1))
+            fi
+        done
+    done
+}
+
+for stage in "$@"; do
+    file=stages/$stage/ablations.txt
+    [ -f "$file" ] || continue
+    base_passes=fwd
+    grep -v '^#' "$file" | cut -d'|' -f2 | grep -q bwd && base_passes="fwd bwd"
+    for pass in $base_passes; do time_build "$stage" $pass; done
+    while IFS='|' read -r name passes _; do
+        name=$(xargs <<<"$name")
+        for pass in $passes; do time_build "$stage.$name" "$pass"; done
+    done < <(grep -v '^#' "$file")
+done
+
+mkdir -p plots/data
+mv "$tmp" "$out"
+echo "ablations: wrote $out ($(($(wc -l <"$out") - 1)) rows) in $((SECONDS - start)) s"
+[ $failures -eq 0 ] || { echo "ablations: $failures measurement(s) FAILED" >&2; exit 1; }

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# profiles.sh - the Nsight Compute profile of every stage that the lessons quote, in one run:
+# each stage (and the ablation builds its lesson profiles) at S = 4096, B = 4, H*D = 2048,
+# non-causal, D = 64 and 128, every kernel of one forward pass (and of one backward pass for the
+# stages that have one; stage 01 is three kernels).
+#   docs/profiles/<stage>_<gpu>_ncu.txt   ncu's sections, as ncu prints them, per kernel;
+#   plots/data/<gpu>_profiles.csv         selected metrics, one row per kernel and metric: the
+#                                         lessons' profile tables and the roofline chart read it.
+# ncu runs kernels at base clocks and replays each many times: use its durations for ratios and
+# reasons, the benchmark's for speed. Needs a GPU, ncu and FLASH_STAGES_BIN (default build/bin).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source plots/gpu_slug.sh
+bin=${FLASH_STAGES_BIN:-build/bin}
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+[ -n "$gpu_name" ] || { echo "profiles: no NVIDIA GPU found (nvidia-smi failed)" >&2; exit 1; }
+command -v ncu >/dev/null || { echo "profiles: ncu (Nsight Compute) not found" >&2; exit 1; }
+slug=$(gpu_slug "$gpu_name")
+commit=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+work=$(mktemp -d "${TMPDIR:-/tmp}/profiles.XXXXXX")
+
+# The programs profiled: every stage, and the ablation builds whose lesson quotes their profile.
+programs=(01_naive_3pass 02_scalar_tiled 02_scalar_tiled.no_q_padding 03_online_softmax
+          03_online_softmax.smem_of_04 04_smem_state 05_wmma_qk 06_wmma_pv 07_swizzle_cp_async
+          07_swizzle_cp_async.no_swizzle 08_warp_specialized 09_tma_wgmma)
+sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
+# Beyond the sections (which bring duration, throughputs, occupancy and its limits, and the
+# stall reasons): DRAM bytes (the roofline's arithmetic intensity), shared-memory bank conflicts
+# and wavefronts, and the activity of the tensor and FMA pipes.
+metrics=dram__bytes_read.sum,dram__bytes_write.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+metrics+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+metrics+=,smsp__inst_executed_op_ldsm.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+
+status=0
+declare -A started
+for program in "${programs[@]}"; do
+    stage=${program%%.*}
+    [ -x "$bin/$program" ] || { echo "profiles: $bin/$program not built, skipped"; continue; }
+    page=docs/profiles/${stage}_${slug}_ncu.txt
+    if [ -z "${started[$stage]:-}" ]; then
+        started[$stage]=1
+        {
+            echo "# Nsight Compute on the $gpu_name, written by plots/profiles.sh at commit $commit."
+            echo "# S = 4096, B = 4, H*D = 2048, non-causal; every kernel of one run of the program."
+            echo "# ncu runs kernels at base clocks and replays them: its durations are longer than the"
+            echo "# benchmark's. The selected metrics are in plots/data/${slug}_profiles.csv."
+        } >"$page"
+    fi
+    # A stage with a backward pass runs it after the forward: one run profiles the kernels of both.
+    pass=
+    "$bin/$program" --backward --seq 1 >/dev/null 2>&1 && pass=--backward
+    for dim in 64 128; do
+        report=$work/${program}_D$dim
+        args=($pass --batch 4 --heads $((2048 / dim)) --seq 4096 --dim $dim)
+        echo "profiles: $program ${args[*]}"
+        if ! ncu "${sections[@]}" --metrics "$metrics" --export "$report" --force-overwrite \
+            "$bin/$program" "${args[@]}" >"$report.log" 2>&1; then
+            echo "profiles: ncu failed on $program ${args[*]}:"; tail -n 20 "$report.log"; status=1; continue
+        fi
+        {
+            echo
+            echo "== $program ${args[*]}"
+            ncu --import "$report.ncu-rep" --page details
+        } >>"$page"
+        ncu --import "$report.ncu-rep" --page raw --csv --print-units base >"$report.csv"
+        python3 plots/ncu_metrics.py "$report.csv" --gpu "$gpu_name" --build "$program" --dim $dim \
+            --commit "$commit" >>"$work/profiles.csv" || status=1
+    done
+done
+mkdir -p plots/data
+{ echo "gpu,build,kernel,dim,metric,value,unit,commit"; cat "$work/profiles.csv" 2>/dev/null; } \
+    >"plots/data/${slug}_profiles.csv"
+echo "profiles: wrote plots/data/${slug}_profiles.csv ($(($(wc -l <"plots/data/${slug}_profiles.csv") - 1)) rows) and docs/profiles/*_${slug}_ncu.txt"
+rm -rf "$work"
+exit $status
