@@ -15,7 +15,7 @@ METRICS = [
     "gpu__time_duration.sum",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "dram__bytes_read.sum",
     "dram__bytes_write.sum",
     "launch__grid_size",
@@ -35,19 +35,16 @@ METRICS = [
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
 ]
-# Every stall reason, cycles per issued instruction, and local-memory (spill) traffic.
-PATTERNS = [
-    re.compile(r"^smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active\.ratio$"),
-    re.compile(r"^smsp__average_warp_latency_per_inst_issued\.ratio$"),
-    re.compile(r"^l1tex__t_bytes_pipe_lsu_mem_local_op_(ld|st)\.sum$"),
-]
+# Every stall reason, in cycles per issued instruction.
+PATTERNS = [re.compile(r"^smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active\.ratio$")]
 
 
 def kernel_name(demangled):
     """'void backward_dk_dv<64, true>(const __half *, ...)' -> 'backward_dk_dv'."""
     name = demangled.split("(")[0].strip()
-    name = name.split(" ")[-1] if name.startswith("void ") else name
-    return name.split("<")[0]
+    if name.startswith("void "):
+        name = name[len("void "):]
+    return name.split("<")[0].strip()
 
 
 def main():

@@ -193,7 +193,7 @@ profile_table() {
         row("duration under ncu (ms)", "time")
         row("compute (SM) throughput, % of peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed")
         row("memory throughput, % of peak", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed")
-        row("DRAM throughput, % of peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+        row("DRAM throughput, % of peak", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")
         row("DRAM traffic (GB)", "dram")
         row("registers per thread", "launch__registers_per_thread")
         row("blocks per SM the registers allow", "launch__occupancy_limit_registers")
@@ -205,7 +205,6 @@ profile_table() {
         row("tensor (mma.sync) pipe active, %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
         row("shared-load wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum")
         row("shared-load bank conflicts (M)", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum")
-        row("local-memory (spill) traffic (MB)", "local")
         row("top stall, cycles per issued instruction", "stall1")
         row("second stall", "stall2")
     }
@@ -214,7 +213,6 @@ profile_table() {
         for (i = 1; i <= n; i++) { k = keys[i]
             if (what == "time") x = has(k, "gpu__time_duration.sum") ? ms(k) : "-"
             else if (what == "dram") x = has(k, "dram__bytes_read.sum") ? sprintf("%.2f", (v[k, "dram__bytes_read.sum"] + v[k, "dram__bytes_write.sum"]) / 1e9) : "-"
-            else if (what == "local") x = has(k, "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum") ? sprintf("%.1f", (v[k, "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"] + v[k, "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"]) / 1e6) : "-"
             else if (what == "stall1") x = top(k, 1)
             else if (what == "stall2") x = top(k, 2)
             else if (what ~ /sum$/) x = num(k, what, 1e6, "%.1f")
@@ -261,7 +259,8 @@ roofline_table() {
     echo "| stage | D | FLOP per DRAM byte | TFLOP/s | ceiling (TFLOP/s) | % of ceiling |"
     echo "|---|---:|---:|---:|---:|---:|"
     awk -F, -v profiles="$profiles_csv" -v ceilings="$ceilings_csv" -f plots/roofline.awk "$csv" |
-        awk '{ printf "| %s | %s | %s | %.1f | %s (%s) | %s |\n", $1, $2, $3, $4, $5, $7 == "tc" ? "tensor cores" : ($5 < 51 ? "bandwidth" : "FP32 cores"), $6 }'
+        awk '{ bound = $7; gsub(/_/, " ", bound); sub(/^fp32/, "FP32", bound)
+               printf "| %s | %s | %s | %.1f | %s (%s) | %s |\n", $1, $2, $3, $4, $5, bound, $6 }'
 }
 
 # The GPU's measured ceilings (plots/ceilings.py).

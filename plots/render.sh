@@ -25,6 +25,22 @@ for csv in "${csvs[@]}"; do
         echo "render: $outdir/${slug}_$chart.png"
     done
 done
+# The roofline of each GPU that has a profile (plots/profiles.sh) and ceilings.
+for profiles in plots/data/*_profiles.csv; do
+    slug=$(basename "$profiles" _profiles.csv)
+    ceilings=plots/data/${slug}_ceilings.csv
+    [ -f "$ceilings" ] && [ -f "plots/data/$slug.csv" ] || continue
+    points=$(mktemp)
+    awk -F, -v profiles="$profiles" -v ceilings="$ceilings" -f plots/roofline.awk "plots/data/$slug.csv" >"$points"
+    read -r gpu bandwidth tc simt < <(awk -F, '$2 == "copy_bandwidth" { b = $3 } $2 == "fp16_tensor_core_matmul" { t = $3 }
+        $2 == "fp32_simt_matmul" { s = $3 } NR == 2 { split($1, g, " ") } END { print "x", b, t, s }' "$ceilings")
+    gpu=$(awk -F, 'NR == 2 { print $1 }' "$ceilings")
+    chart=$outdir/${slug}_roofline.png
+    gnuplot -e "data='$points'; out='$chart'; gpu='$gpu'; bandwidth=$bandwidth; tc=$tc; simt=$simt" plots/roofline.gp
+    rm -f "$points"
+    [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
+    echo "render: $chart"
+done
 # The training runs of python/examples/train.py, one chart per GPU.
 for csv in plots/data/*_training.csv; do
     chart=$outdir/$(basename "$csv" .csv).png

@@ -2,13 +2,13 @@
 # S = 4096, B = 4, H*D = 2048, non-causal, D = 64 and 128.
 # usage: awk -F, -v profiles=plots/data/<gpu>_profiles.csv -v ceilings=plots/data/<gpu>_ceilings.csv \
 #            -f plots/roofline.awk plots/data/<gpu>.csv
-# Prints one line per stage and D: "stage D intensity tflops ceiling percent unit", where
+# Prints one line per stage and D: "stage D intensity tflops ceiling percent bound", where
 #   intensity  FLOPs (4 B H S^2 D) per byte of DRAM traffic, the bytes ncu counted over the
 #              forward's kernels (plots/profiles.sh);
 #   tflops     the benchmark's median (the same CSV row the course table shows);
 #   ceiling    min(peak of the units the stage computes S = QK^T on, intensity x copy bandwidth):
 #              FP32 CUDA cores for stages 01-04, tensor cores from stage 05 on;
-#   unit       "simt" or "tc", the peak that applies.
+#   bound      what sets the ceiling: "bandwidth", "fp32_cores" or "tensor_cores".
 # Stages without a profile or ceilings print nothing.
 BEGIN {
     while ((getline line < ceilings) > 0) {
@@ -32,7 +32,7 @@ $col["heads"] * $col["dim"] == 2048 && $col["stage"] ~ /^[0-9][0-9]_/ {
     flops = 4 * $col["batch"] * $col["heads"] * $col["seq"] * $col["seq"] * D
     intensity = flops / bytes[stage, D]
     unit = substr(stage, 1, 2) + 0 <= 4 ? "simt" : "tc"
-    ceiling = intensity * bandwidth / 1000
-    if (peak[unit] != "" && peak[unit] < ceiling) ceiling = peak[unit]
-    printf "%s %d %.1f %.3f %.1f %.1f %s\n", stage, D, intensity, $col["tflops"], ceiling, 100 * $col["tflops"] / ceiling, unit
+    ceiling = intensity * bandwidth / 1000; bound = "bandwidth"
+    if (peak[unit] != "" && peak[unit] < ceiling) { ceiling = peak[unit]; bound = unit == "tc" ? "tensor_cores" : "fp32_cores" }
+    printf "%s %d %.1f %.3f %.1f %.1f %s\n", stage, D, intensity, $col["tflops"], ceiling, 100 * $col["tflops"] / ceiling, bound
 }
