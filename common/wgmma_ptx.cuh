@@ -1,4 +1,4 @@
-// wgmma_ptx.cuh - wrappers over the Hopper (sm_90a) instructions stage 08 uses: wgmma (warpgroup
+// wgmma_ptx.cuh - wrappers over the Hopper (sm_90a) instructions stage 09 uses: wgmma (warpgroup
 // matrix multiply-accumulate, operands read from shared memory by the tensor cores), the copy
 // engine's tiled loads (TMA, cp.async.bulk.tensor) that complete on an mbarrier, and setmaxnreg.
 //
@@ -106,7 +106,7 @@ __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x
         : "memory");
 }
 
-// The wgmma shapes stage 08 needs, written out (generated; one operand per accumulator register).
+// The wgmma shapes stage 09 needs, written out (generated; one operand per accumulator register).
 // D[64 x 64] (+)= A B, A and B both from shared memory (descriptors), both K-major. scale_d = 0
 // overwrites D (the first k step), 1 accumulates.
 __device__ inline void wgmma_m64n64k16_ss(float d[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
