@@ -99,6 +99,39 @@ stage_table() {
     }' "$csv"
 }
 
+# A stage's TFLOP/s over a peer's, shape by shape, at S = 2048 ... 16384 (forward): the stage's
+# target against the flash backend; the lowest ratio in bold.
+ratio_table() {
+    local stage=$1 peer=$2
+    [ -f "$csv" ] || { echo "_No H100 measurements committed yet ($csv)._"; return 0; }
+    awk -F, -v stage="$stage" -v peer="$peer" '
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $col["direction"] == "fwd" && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 && $col["seq"] >= 2048 {
+        tf[$col["stage"], $col["seq"], $col["dim"], $col["causal"]] = $col["tflops"]
+    }
+    END {
+        low = 1e9
+        for (D = 64; D <= 128; D += 64) for (c = 0; c <= 1; c++) for (S = 2048; S <= 16384; S *= 2)
+            if ((stage, S, D, c) in tf && (peer, S, D, c) in tf) {
+                r[S, D, c] = tf[stage, S, D, c] / tf[peer, S, D, c]
+                if (r[S, D, c] < low) { low = r[S, D, c]; at = S SUBSEP D SUBSEP c }
+            }
+        print "Ratios " stage " / " peer ", forward, from the same run (`" FILENAME "`); the lowest in bold:"
+        print ""
+        print "| " stage " / " peer " | S = 2048 | 4096 | 8192 | 16384 |"
+        print "|---|---:|---:|---:|---:|"
+        for (c = 0; c <= 1; c++) for (D = 64; D <= 128; D += 64) {
+            line = "| D = " D (c ? " causal" : "")
+            for (S = 2048; S <= 16384; S *= 2) {
+                if (!((S, D, c) in r)) { line = line " | -"; continue }
+                x = sprintf("%.3f", r[S, D, c])
+                line = line " | " ((S SUBSEP D SUBSEP c) == at ? "**" x "**" : x)
+            }
+            print line " |"
+        }
+    }' "$csv"
+}
+
 # A stage's ablation builds (stages/<stage>/ablations.txt, timed by plots/ablations.sh): TFLOP/s
 # at S = 4096 of the stage as built and of each build with one idea switched off, from one run,
 # with the ratio to the stage as built; the previous stage's as-built row for reference.
@@ -384,6 +417,7 @@ process() {  # process FILE KEY (table on stdin)
 course_table | process README.md course
 ceilings_table | process docs/h100.md ceilings
 occupancy_table | process stages/04_smem_state/README.md 04_smem_state:occupancy
+ratio_table 07_swizzle_cp_async sdpa_flash | process stages/07_swizzle_cp_async/README.md 07_swizzle_cp_async:vs_flash
 roofline_table | process README.md roofline
 training_table | process README.md training
 training_table | process python/README.md training

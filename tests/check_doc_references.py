@@ -11,10 +11,12 @@ For each tracked Markdown file:
   - options of the stage programs (`build/bin/08_warp_specialized --backward`): the harness
     parses them; an ablation build (`build/bin/07_swizzle_cp_async.no_swizzle`) is listed in its
     stage's ablations.txt;
-  - measured values in prose (a number with a decimal point followed by TFLOP/s, us, µs, ms or
-    GB/s, alone or closing a list "a / b / c TFLOP/s"), outside the generated tables: the number
-    appears in a committed measurement (plots/data/*.csv, at its precision; docs/profiles/*.txt) or
-    in a generated table, so no hand-typed or stale timing survives a new run.
+  - numbers in prose: every number with a decimal point outside code, links and the generated
+    tables is either in a committed measurement (plots/data/*.csv at the precision written, also
+    divided by 1e3 or 1e6 for us -> ms -> s; docs/profiles/*.txt) or in a generated table, or is
+    computed by one division, product, difference or percentage from numbers of its own
+    paragraph (which may themselves be computed so): no hand-typed or stale number survives a
+    new run, and every derived one shows what it comes from.
 Prints each broken reference as FILE:LINE: what, and exits 1 if there is any.
 """
 
@@ -54,30 +56,55 @@ COMMIT = re.compile(r"\b(?:commits?|at|from|in)\s+([0-9a-f]{7,40})\b")
 KNOB = re.compile(r"-D([A-Z][A-Z0-9_]+)=")
 PATH = re.compile(r"^(?:stages|common|tests|plots|docs|python|\.ci)/[\w./-]+$")
 PROGRAM = re.compile(r"build/bin/(\d\d_\w+)(?:\.(\w+))?((?:\s+[^`|]*)?)")
-# A measured value, or a list of them sharing one unit: "253.3 TFLOP/s", "7.65 / 7.31 ms".
-MEASURED = re.compile(r"((?:\d[\d,]*\.\d+\s*/\s*)*\d[\d,]*\.\d+)\s*(?:TFLOP/s|µs|us\b|ms\b|GB/s)")
+DECIMAL = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?![\w.])")
+ANY_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\w.])")
 BLOCK = re.compile(r"<!-- measured:([^ ]+):begin -->(.*?)<!-- measured:\1:end -->", re.S)
 NUMBER = re.compile(r"-?\d[\d,]*\.?\d*(?:e[-+]?\d+)?")
 
 
-def measured_evidence():
-    """Every number a committed measurement or generated table holds, as written and, for the
-    CSVs, rounded to 0-3 decimals, also divided by 1000 (prose quotes a CSV value at the precision
-    a table shows, a time in us also in ms)."""
+def rounded(x, scales=(1,)):
+    """x (and x / scale) as prose may write it: 0-3 decimals."""
+    return {f"{x / scale:.{d}f}" for scale in scales for d in range(4)}
+
+
+def mentioned_stages(text):
+    """The stage numbers ("01".."09") a page names: "stage 03", "stages 05-07", 03_online_softmax;
+    a lesson names its own stage by its directory."""
+    found = set(re.findall(r"\b(0[1-9])_[a-z]", text))
+    for first, last in re.findall(r"[Ss]tages? (0[1-9])(?:\s*(?:-|–|to|and)\s*(0[1-9]))?", text):
+        found.update(f"{n:02d}" for n in range(int(first), int(last or first) + 1))
+    return found
+
+
+def measured_evidence(stages):
+    """Every number the committed measurements hold for the given stages (and the PyTorch peers,
+    the ceilings and the training run), as prose may write it, and every number of the generated
+    tables of README.md and of those stages' lessons. Times in us also count in ms and s, bytes
+    also in GB and MB."""
     values = set()
     for path in ROOT.glob("plots/data/*.csv"):
-        for line in path.read_text().splitlines()[1:]:
-            for cell in line.split(","):
+        lines = path.read_text().splitlines()
+        header = lines[0].split(",")
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(",")))
+            name = row.get("stage", row.get("build", ""))
+            if name[:2].isdigit() and name[:2] not in stages:
+                continue
+            for column, cell in row.items():
                 try:
                     x = float(cell)
                 except ValueError:
                     continue
                 values.add(cell)
-                values.update(f"{x:.{d}f}" for d in range(4))
-                values.update(f"{x / 1000:.{d}f}" for d in range(4))  # us as ms, GB/s as TB/s
+                scales = {"median_us": (1, 1e3, 1e6), "gbps": (1, 1e3)}.get(column, (1,))
+                if column == "value":  # a profile metric: bytes, nanoseconds, counts
+                    scales = (1, 1e3, 1e6, 1e9)
+                values |= rounded(x, scales)
     for path in ROOT.glob("docs/profiles/*.txt"):
-        values.update(n.replace(",", "") for n in NUMBER.findall(path.read_text()))
-    for md in tracked_markdown():
+        if path.name[:2] in stages:
+            values.update(n.replace(",", "") for n in NUMBER.findall(path.read_text()))
+    pages = [ROOT / "README.md"] + [p for p in ROOT.glob("stages/*/README.md") if p.parent.name[:2] in stages]
+    for md in pages:
         for _, body in BLOCK.findall(md.read_text()):
             values.update(n.replace(",", "") for n in NUMBER.findall(body))
     return values
@@ -94,6 +121,59 @@ def source_macros():
     return macros
 
 
+def prose(line):
+    """A line without its code spans and link targets, where numbers are not prose."""
+    return re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", line))
+
+
+def derived(numbers, written):
+    """Which written numbers are one a/b, a*b, a-b or percentage of two other numbers of the
+    paragraph (a number computed so may in turn feed another), rounded as the prose writes it."""
+    pool = [float(n) for n in numbers]
+    found = set()
+    for _ in range(2):
+        for text in sorted(written - found):
+            x, d = float(text), len(text.split(".")[1])
+            others = [v for v in pool if v != x] + [float(t) for t in found if t != text]
+            # within one unit of the last digit written: a ratio of rounded ratios may differ so
+            if any(abs(r - x) <= 1.01 * 10 ** -d for a in others for b in others if a != b
+                   for r in ([a * b, a - b] + ([a / b, 100 * a / b, 100 * (a / b - 1), 100 * (1 - a / b)] if b else []))):
+                found.add(text)
+    return found
+
+
+def unexplained_numbers(md, evidence):
+    """(line, number) for every decimal number of md's prose that is neither evidence nor derived."""
+    paragraphs, current, in_fence, in_block = [], [], False, False
+    for number, line in enumerate(md.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+            continue
+        if re.match(r"<!-- measured:\S+:begin -->", line):
+            in_block = True
+        if re.match(r"<!-- measured:\S+:end -->", line):
+            in_block = False
+            continue
+        if in_fence or in_block or not line.strip():
+            if current:
+                paragraphs.append(current)
+            current = []
+            continue
+        current.append((number, prose(line)))
+    if current:
+        paragraphs.append(current)
+    for paragraph in paragraphs:
+        written = {n.replace(",", "") for _, text in paragraph for n in DECIMAL.findall(text)} - evidence
+        if not written:
+            continue
+        numbers = [n.replace(",", "") for _, text in paragraph for n in ANY_NUMBER.findall(text)]
+        explained = derived(numbers, written)
+        for number, text in paragraph:
+            for n in DECIMAL.findall(text):
+                if n.replace(",", "") in written - explained:
+                    yield number, n
+
+
 def harness_options():
     return set(re.findall(r'"(--[a-z][a-z0-9-]*)"', (ROOT / "common" / "harness.c").read_text()))
 
@@ -104,27 +184,26 @@ def main():
     have_git = git("rev-parse", "HEAD").returncode == 0
     commits_known = {}
     macros, options = source_macros(), harness_options()
-    evidence = measured_evidence()
+    evidence_cache = {}
     anchor_cache = {}
-    checked = dict.fromkeys(("links", "paths", "commits", "knobs", "options", "measured values"), 0)
+    checked = dict.fromkeys(("links", "paths", "commits", "knobs", "options", "prose numbers"), 0)
     for md in tracked_markdown():
         rel = md.relative_to(ROOT)
         text = md.read_text()
-        in_fence = in_block = False
+        if rel.parts[0] != "plots":  # plots/<gpu>.md is generated whole
+            stages = frozenset(mentioned_stages(text) | ({rel.parts[1][:2]} if rel.parts[0] == "stages" else set()))
+            if stages not in evidence_cache:
+                evidence_cache[stages] = measured_evidence(stages)
+            evidence = evidence_cache[stages]
+            checked["prose numbers"] += sum(len(DECIMAL.findall(prose(l))) for l in text.splitlines())
+            for number, value in unexplained_numbers(md, evidence):
+                problems.append(f"{rel}:{number}: {value}: neither in a committed measurement or generated "
+                                "table nor computed from numbers of its paragraph")
+        in_fence = False
         for number, line in enumerate(text.splitlines(), 1):
             where = f"{rel}:{number}"
             if line.lstrip().startswith("```"):
                 in_fence = not in_fence
-            if re.match(r"<!-- measured:\S+:begin -->", line):
-                in_block = True
-            elif re.match(r"<!-- measured:\S+:end -->", line):
-                in_block = False
-            if not in_fence and not in_block and not rel.parts[0] == "plots":
-                for group in MEASURED.findall(line):
-                    for value in re.split(r"\s*/\s*", group):
-                        checked["measured values"] += 1
-                        if value.replace(",", "") not in evidence:
-                            problems.append(f"{where}: {value}: no committed measurement or generated table holds this value")
             for target in LINK.findall(line):
                 if re.match(r"^[a-z]+:", target):
                     continue  # http(s), mailto
