@@ -21,7 +21,7 @@
 #include "half.h"
 #include "npy.h"
 #include "omp_compat.h"
-#include "smem_limit.h"
+#include "stage_check.h"
 
 #ifndef FLASH_STAGES_GIT_COMMIT
 #define FLASH_STAGES_GIT_COMMIT "unknown"
@@ -338,15 +338,9 @@ int main(int argc, char **argv) {
     }
     if (opt.load_dir) load_inputs(opt.load_dir, opt.backward, shape, host);
 
-    if (attn_elems(shape) > (size_t)INT_MAX) {
-        fprintf(stderr, "%s: B*H*S*D = %zu elements per tensor; at most %d are supported\n",
-                program_name, attn_elems(shape), INT_MAX);
-        return EXIT_UNSUPPORTED;
-    }
-    const char *why_not = STAGE.unsupported(shape);
-    if (why_not) {
-        fprintf(stderr, "%s: unsupported shape B=%d H=%d S=%d D=%d: %s\n", program_name, shape->batch,
-                shape->heads, shape->seq, shape->dim, why_not);
+    char refusal[512];
+    if (shape_refusal(&STAGE, program_name, shape, refusal, sizeof refusal)) {
+        fprintf(stderr, "%s\n", refusal);
         return EXIT_UNSUPPORTED;
     }
 
@@ -359,20 +353,13 @@ int main(int argc, char **argv) {
     }
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    if (STAGE.needs_sm90a && !(prop.major == 9 && prop.minor == 0)) {
-        // sm_90a code runs on compute capability 9.0 only; skipped (77), not failed.
-        printf("SKIPPED: %s uses Hopper-only instructions (wgmma, setmaxnreg, sm_90a) and needs an H100 "
-               "or H200; %s is sm_%d%d\n",
-               program_name, prop.name, prop.major, prop.minor);
-        return EXIT_NO_GPU;
-    }
-    // A GPU with less shared memory per block than the stage asks for (sm_86 and sm_89 allow
-    // 101,376 bytes; the H100 232,448): say so and skip, as for an unsupported shape.
-    char too_big[512];
-    if (smem_exceeds_limit(program_name, shape, STAGE.shared_bytes(shape), prop.name,
-                           prop.sharedMemPerBlockOptin, too_big, sizeof too_big)) {
-        fprintf(stderr, "%s\n", too_big);
-        return EXIT_UNSUPPORTED;
+    // Another GPU generation than the stage's code (skipped, 77, not failed), or less shared
+    // memory per block than the stage asks for (a sentence, as for an unsupported shape, 3).
+    const gpu_info gpu_here = {prop.name, prop.major, prop.minor, prop.sharedMemPerBlockOptin};
+    switch (gpu_refusal(&STAGE, program_name, shape, &gpu_here, refusal, sizeof refusal)) {
+    case REFUSED_GPU: printf("SKIPPED: %s\n", refusal); return EXIT_NO_GPU;
+    case REFUSED_SHAPE: fprintf(stderr, "%s\n", refusal); return EXIT_UNSUPPORTED;
+    default: break;
     }
     char gpu[sizeof prop.name];
     snprintf(gpu, sizeof gpu, "%s", prop.name);

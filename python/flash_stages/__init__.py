@@ -71,9 +71,7 @@ def _pointer(t):
 def _why_not(stage_name, shape_key, device_index):
     # Asked once per stage, shape and device: a training step calls the op many times, and the
     # answer (shape, GPU generation, shared memory) does not change.
-    props = torch.cuda.get_device_properties(device_index)
-    return _stage(stage_name).why_not(_library.Shape(*shape_key), device_index, props.name,
-                                      (props.major, props.minor))
+    return _stage(stage_name).why_not(_library.Shape(*shape_key), device_index)
 
 
 def _check_runs(stage, shape, device):

@@ -63,27 +63,17 @@ class Stage:
         lib = self._lib
         lib.flash_stages_set_device.argtypes, lib.flash_stages_set_device.restype = [ctypes.c_int], ctypes.c_int
         lib.flash_stages_error_string.argtypes, lib.flash_stages_error_string.restype = [ctypes.c_int], ctypes.c_char_p
-        lib.flash_stages_smem_optin.argtypes, lib.flash_stages_smem_optin.restype = [ctypes.c_int], ctypes.c_size_t
-        lib.smem_exceeds_limit.argtypes = [ctypes.c_char_p, ctypes.POINTER(Shape), ctypes.c_size_t, ctypes.c_char_p,
-                                           ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
-        lib.smem_exceeds_limit.restype = ctypes.c_int
+        lib.flash_stages_refusal.argtypes = [ctypes.POINTER(Shape), ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        lib.flash_stages_refusal.restype = ctypes.c_int
 
     def workspace_bytes(self, shape):
         return int(self._table.workspace_bytes(ctypes.byref(shape)))
 
-    def why_not(self, shape, device_index, gpu_name, capability):
-        """None when this stage runs `shape` on the device, else the sentence the harness prints."""
-        reason = self._table.unsupported(ctypes.byref(shape))
-        if reason:
-            return f"{self.name}: {reason.decode()}"
-        if self.needs_sm90a and tuple(capability) != (9, 0):
-            return (f"{self.name} uses Hopper-only instructions (wgmma, setmaxnreg, sm_90a) and needs an H100 or "
-                    f"H200; {gpu_name} is sm_{capability[0]}{capability[1]}")
-        self._set_device(device_index)
+    def why_not(self, shape, device_index):
+        """None when this stage runs `shape` on the device, else the sentence the harness prints: the
+        library decides, with the harness's own check (common/stage_check.c)."""
         message = ctypes.create_string_buffer(512)
-        if self._lib.smem_exceeds_limit(self.name.encode(), ctypes.byref(shape),
-                                        self._table.shared_bytes(ctypes.byref(shape)), gpu_name.encode(),
-                                        self._lib.flash_stages_smem_optin(device_index), message, len(message)):
+        if self._lib.flash_stages_refusal(ctypes.byref(shape), device_index, message, len(message)):
             return message.value.decode()
         return None
 
