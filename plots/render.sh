@@ -32,8 +32,8 @@ for profiles in plots/data/*_profiles.csv; do
     [ -f "$ceilings" ] && [ -f "plots/data/$slug.csv" ] || continue
     points=$(mktemp)
     awk -F, -v profiles="$profiles" -v ceilings="$ceilings" -f plots/roofline.awk "plots/data/$slug.csv" >"$points"
-    read -r gpu bandwidth tc simt < <(awk -F, '$2 == "copy_bandwidth" { b = $3 } $2 == "fp16_tensor_core_matmul" { t = $3 }
-        $2 == "fp32_simt_matmul" { s = $3 } NR == 2 { split($1, g, " ") } END { print "x", b, t, s }' "$ceilings")
+    read -r bandwidth tc simt < <(awk -F, '$2 == "copy_bandwidth" { b = $3 } $2 == "fp16_tensor_core_matmul" { t = $3 }
+        $2 == "fp32_simt_matmul" { s = $3 } END { print b, t, s }' "$ceilings")
     gpu=$(awk -F, 'NR == 2 { print $1 }' "$ceilings")
     chart=$outdir/${slug}_roofline.png
     gnuplot -e "data='$points'; out='$chart'; gpu='$gpu'; bandwidth=$bandwidth; tc=$tc; simt=$simt" plots/roofline.gp
