@@ -1,5 +1,5 @@
 // mma_ptx.cuh - thin wrappers over the PTX instructions stage 07 on uses (sm_80 and newer):
-// ldmatrix, mma.sync m16n8k16, cp.async, mbarrier, float4 atomics; the XOR swizzle of
+// ldmatrix, mma.sync m16n8k16, cp.async, mbarrier, float2 atomics; the XOR swizzle of
 // shared-memory tiles and the fragment loads from swizzled tiles.
 //
 // Register layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
@@ -22,18 +22,29 @@ __device__ inline uint32_t smem_address(const void *p) {
 // Four 8x8 fp16 matrices from shared memory. Lane i gives the address of row i % 8 of matrix
 // i / 8 (16 bytes, 16-byte aligned); register j receives matrix j, lane l holding its row l / 4,
 // columns 2 (l % 4) and 2 (l % 4) + 1.
-__device__ inline void ldmatrix_x4(uint32_t r[4], const __half *row_address) {
+__device__ inline void ldmatrix_x4_at(uint32_t r[4], uint32_t address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(row_address)));
+                 : "r"(address));
+}
+__device__ inline void ldmatrix_x4(uint32_t r[4], const __half *row_address) {
+    ldmatrix_x4_at(r, smem_address(row_address));
 }
 
 // The same, each 8x8 matrix transposed on the way: lane l holds its column l / 4, rows
 // 2 (l % 4) and 2 (l % 4) + 1. This reads a B operand from a row-major [k][n] tile (V).
-__device__ inline void ldmatrix_x4_trans(uint32_t r[4], const __half *row_address) {
+__device__ inline void ldmatrix_x4_trans_at(uint32_t r[4], uint32_t address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(row_address)));
+                 : "r"(address));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t r[4], const __half *row_address) {
+    ldmatrix_x4_trans_at(r, smem_address(row_address));
+}
+
+// 4 bytes (a half2) to shared memory at a shared-window address.
+__device__ inline void st_shared_b32(uint32_t address, __half2 value) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(*reinterpret_cast<uint32_t *>(&value)) : "memory");
 }
 
 // D = A B + D for one 16x8x16 tile: fp16 inputs, fp32 accumulation, in place.
@@ -90,50 +101,109 @@ __device__ inline int swizzle(int row, int col) {
 
 // Start copying rows [row0, row0 + ROWS) of one head's [S, D] fp16 matrix into a swizzled tile,
 // 16 bytes per cp.async, all threads of the block taking part; rows past S are zero-filled.
-// The caller commits and waits.
-template <int ROWS, int D>
+// The caller commits and waits. With THREADS (the block's size) given, each thread copies the
+// same 16-byte column chunk of rows THREADS / (D / 8) apart, a multiple of 8: the swizzle and
+// both addresses are computed once, and each further copy is a constant offset away, where the
+// general loop spends some 28 instructions of index arithmetic per copy.
+template <int ROWS, int D, int THREADS = 0>
 __device__ inline void cp_async_tile(__half *tile, const __half *head, int row0, int S) {
     constexpr int CHUNKS = D / 8;
-    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += blockDim.x) {
-        const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
-        const bool valid = row0 + r < S;
-        cp_async_16(tile + swizzle<D>(r, c), head + (size_t)(valid ? row0 + r : 0) * D + c, valid);
+    if constexpr (THREADS > 0) {
+        constexpr int STEP = THREADS / CHUNKS;  // rows between one thread's copies
+        static_assert(THREADS % (8 * CHUNKS) == 0 && (ROWS * CHUNKS) % THREADS == 0, "whole rows, 8 apart");
+        const int r = threadIdx.x / CHUNKS, c = (threadIdx.x % CHUNKS) * 8;
+        __half *dst = tile + swizzle<D>(r, c);
+        const __half *src = head + (size_t)(row0 + r) * D + c;
+#pragma unroll
+        for (int i = 0; i < ROWS / STEP; i++) {
+            const bool valid = row0 + r + i * STEP < S;
+            cp_async_16(dst + i * STEP * D, valid ? src + (size_t)i * STEP * D : head, valid);
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += blockDim.x) {
+            const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+            const bool valid = row0 + r < S;
+            cp_async_16(tile + swizzle<D>(r, c), head + (size_t)(valid ? row0 + r : 0) * D + c, valid);
+        }
     }
 }
 
-// Fragment loads from swizzled row-major [rows][D] tiles, for one warp (lane = its lane id).
+// 2^x from the special-function unit alone (ex2.approx.ftz: relative error about 2^-22, results
+// below 2^-126 flushed to zero). exp2f adds a range test and two multiplies to every call to keep
+// those tiny results, which an fp16 P or dS cannot hold anyway.
+__device__ inline float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Swizzled addresses without the swizzle arithmetic in the inner loops. A lane's ldmatrix address
+// in a swizzled tile is computed once; the same lane's address `rows` rows (a multiple of 8) and
+// `cols` columns (a multiple of 16) further is then one XOR and one add away: rows that are a
+// multiple of 8 apart have the same row % 8, and a 16-column step changes only chunk bits that
+// the lane's own chunk (0 or 1 of its pair) does not use, so chunk ^ (row % 8) becomes
+// (chunk ^ (row % 8)) ^ (cols / 8). The add folds into ldmatrix's immediate offset. The tile must
+// start at a multiple of its row pitch (W halves), as every tile in these layouts does.
+template <int W>
+__device__ inline uint32_t swizzled_step(uint32_t address, int rows, int cols) {
+    if constexpr (kSwizzle)
+        return (address ^ (uint32_t)(cols * 2)) + rows * W * 2;
+    else
+        return address + (rows * W + cols) * 2;
+}
+
+// The lane addresses of the four fragment loads, in a swizzled row-major [rows][W] tile.
 // A operand: the 16 x 16 block at (row0, col0). Lanes 0-7 address rows 0-7 at col0, 8-15 rows
 // 8-15 at col0, 16-23 rows 0-7 at col0 + 8, 24-31 rows 8-15 at col0 + 8: a0..a3 in mma's order.
-template <int D>
-__device__ inline void load_a_frag(uint32_t a[4], const __half *tile, int row0, int col0, int lane) {
-    ldmatrix_x4(a, tile + swizzle<D>(row0 + lane % 8 + 8 * (lane / 8 % 2), col0 + 8 * (lane / 16)));
+template <int W>
+__device__ inline uint32_t a_frag_address(const __half *tile, int row0, int col0, int lane) {
+    return smem_address(tile + swizzle<W>(row0 + lane % 8 + 8 * (lane / 8 % 2), col0 + 8 * (lane / 16)));
+}
+// A operand Aᵀ (16 x 16 at (m0, k0)) from a tile that stores A transposed, [k][m] (ldmatrix.trans
+// hands lane l column l / 4 of each 8 x 8 matrix): matrix j is rows k0 + 8 (j / 2), columns
+// m0 + 8 (j % 2).
+template <int W>
+__device__ inline uint32_t a_frag_trans_address(const __half *tile, int m0, int k0, int lane) {
+    return smem_address(tile + swizzle<W>(k0 + lane % 8 + 8 * (lane / 16), m0 + 8 * (lane / 8 % 2)));
 }
 // B operands of two neighbouring n8 blocks (n0..n0+7 in b[0], b[1]; n0+8..n0+15 in b[2], b[3]),
 // k = k0..k0+15, when B's columns are the tile's rows: B = Tᵀ, as K is for S = Q Kᵀ.
-template <int D>
-__device__ inline void load_b_frags_of_rows(uint32_t b[4], const __half *tile, int n0, int k0, int lane) {
-    ldmatrix_x4(b, tile + swizzle<D>(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
+template <int W>
+__device__ inline uint32_t b_frags_of_rows_address(const __half *tile, int n0, int k0, int lane) {
+    return smem_address(tile + swizzle<W>(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
 }
 // The same when B's rows are the tile's rows (B = T, as V is for O = P V): .trans reads them.
-template <int D>
-__device__ inline void load_b_frags_trans(uint32_t b[4], const __half *tile, int k0, int n0, int lane) {
-    ldmatrix_x4_trans(b, tile + swizzle<D>(k0 + lane % 8 + 8 * (lane / 8 % 2), n0 + 8 * (lane / 16)));
+template <int W>
+__device__ inline uint32_t b_frags_trans_address(const __half *tile, int k0, int n0, int lane) {
+    return smem_address(tile + swizzle<W>(k0 + lane % 8 + 8 * (lane / 8 % 2), n0 + 8 * (lane / 16)));
 }
 
-// *dst += v, 4 floats at a 16-byte aligned address, atomically per float. sm_90 adds the four in
-// one operation (red.global.add.v4.f32, PTX ISA 8.1); earlier GPUs (or kVector false) take four
-// atomicAdds.
+// Fragment loads from swizzled row-major [rows][D] tiles, for one warp (lane = its lane id).
+template <int D>
+__device__ inline void load_a_frag(uint32_t a[4], const __half *tile, int row0, int col0, int lane) {
+    ldmatrix_x4_at(a, a_frag_address<D>(tile, row0, col0, lane));
+}
+template <int D>
+__device__ inline void load_b_frags_of_rows(uint32_t b[4], const __half *tile, int n0, int k0, int lane) {
+    ldmatrix_x4_at(b, b_frags_of_rows_address<D>(tile, n0, k0, lane));
+}
+template <int D>
+__device__ inline void load_b_frags_trans(uint32_t b[4], const __half *tile, int k0, int n0, int lane) {
+    ldmatrix_x4_trans_at(b, b_frags_trans_address<D>(tile, k0, n0, lane));
+}
+
+// *dst += v, 2 floats at an 8-byte aligned address: one operation on sm_90 (red.global.add.v2.f32),
+// two atomicAdds before (or with kVector false). A warp adding the pairs of an mma accumulator
+// fills whole 32-byte sectors: 8 rows x 4 lanes x 2 floats.
 template <bool kVector>
-__device__ inline void atomic_add_float4(float *dst, float4 v) {
+__device__ inline void atomic_add_float2(float *dst, float2 v) {
 #if __CUDA_ARCH__ >= 900
     if constexpr (kVector) {
-        asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y),
-                     "f"(v.z), "f"(v.w)
-                     : "memory");
+        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(v.x), "f"(v.y) : "memory");
         return;
     }
 #endif
-    atomicAdd(dst, v.x), atomicAdd(dst + 1, v.y), atomicAdd(dst + 2, v.z), atomicAdd(dst + 3, v.w);
+    atomicAdd(dst, v.x), atomicAdd(dst + 1, v.y);
 }
 
 // mbarrier (sm_80+): a shared-memory barrier object that counts arrivals and flips a phase bit

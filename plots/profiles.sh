@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# profiles.sh - the Nsight Compute profile of every stage that the lessons quote, in one run:
+# profiles.sh [PROGRAM...] - the Nsight Compute profile of every stage that the lessons quote, in one run:
 # each stage (and the ablation builds its lesson profiles) at S = 4096, B = 4, H*D = 2048,
 # non-causal, D = 64 and 128, every kernel of one forward pass (and of one backward pass for the
 # stages that have one; stage 01 is three kernels).
@@ -8,6 +8,8 @@
 #                                         lessons' profile tables and the roofline chart read it.
 # ncu runs kernels at base clocks and replays each many times: use its durations for ratios and
 # reasons, the benchmark's for speed. Needs a GPU, ncu and FLASH_STAGES_BIN (default build/bin).
+# Given programs (a stage whose kernels changed), only those are profiled again: their rows of the
+# CSV and their stages' pages are replaced, the other rows kept.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source plots/gpu_slug.sh
@@ -23,6 +25,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/profiles.XXXXXX")
 programs=(01_naive_3pass 02_scalar_tiled 02_scalar_tiled.no_q_padding 03_online_softmax
           03_online_softmax.smem_of_04 04_smem_state 05_wmma_qk 06_wmma_pv 07_swizzle_cp_async
           07_swizzle_cp_async.no_swizzle 08_warp_specialized 09_tma_wgmma)
+[ $# -gt 0 ] && programs=("$@")
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
 # Beyond the sections (which bring duration, throughputs, occupancy and its limits, and the
@@ -70,8 +73,16 @@ for program in "${programs[@]}"; do
     done
 done
 mkdir -p plots/data
-{ echo "gpu,build,kernel,dim,metric,value,unit,commit"; cat "$work/profiles.csv" 2>/dev/null; } \
-    >"plots/data/${slug}_profiles.csv"
-echo "profiles: wrote plots/data/${slug}_profiles.csv ($(($(wc -l <"plots/data/${slug}_profiles.csv") - 1)) rows) and docs/profiles/*_${slug}_ncu.txt"
+csv=plots/data/${slug}_profiles.csv
+{
+    echo "gpu,build,kernel,dim,metric,value,unit,commit"
+    # With programs given, the rows of the others stay (column 2 is the build).
+    if [ $# -gt 0 ] && [ -f "$csv" ]; then
+        tail -n +2 "$csv" | awk -F, -v redone="$*" 'BEGIN { n = split(redone, p, " "); for (i = 1; i <= n; i++) skip[p[i]] = 1 }
+                                                 !($2 in skip)'
+    fi
+    cat "$work/profiles.csv" 2>/dev/null
+} >"$csv.new" && mv "$csv.new" "$csv"
+echo "profiles: wrote $csv ($(($(wc -l <"$csv") - 1)) rows) and docs/profiles/*_${slug}_ncu.txt"
 rm -rf "$work"
 exit $status

@@ -3,27 +3,29 @@
 // The idea: the forward saved only O and each row's log-sum-exp, so P is recomputed tile by tile
 // (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
 //   delta_i = rowsum(dO ∘ O)                                     (backward_delta, a pre-pass)
-//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - delta),  dK += dSᵀ Q       (backward_dk_dv)
-//   dQ += dS K
-// backward_dk_dv gives each block 128 keys (16 per warp, eight warps) and walks over the query
-// tiles, holding dK and dV in registers. dQ's rows are queries, which every key block touches,
-// so dQ is summed across blocks in one of two ways (kAtomicDq):
-//   atomics (sm_90 and newer, faster there): each block writes dSᵀ to shared memory, multiplies
-//     dS K for the walked query tile and adds it to a float dQ accumulator in global memory;
-//     backward_dq_convert turns the sums into fp16. Five matrix products; the order of the adds
-//     varies from run to run, so dQ's last bits do too.
+//   S = Q Kᵀ, P;  dP = dO Vᵀ;  dS = P ∘ (dP - delta);  dV += Pᵀ dO;  dK += dSᵀ Q;  dQ += dS K
+// backward_dk_dv gives each block 128 keys and walks over the query tiles (64 queries at D = 64,
+// 32 at D = 128), holding dK and dV in registers. The five products of a tile have three shapes
+// (queries x keys, keys x D, queries x D), and the block's eight warps split each one into warp
+// tiles of 32 rows, each warp taking a different piece of each: every fragment read from shared
+// memory feeds two to eight MMAs. The price is that P and dS, computed in the warp layout of S,
+// must reach the warps that multiply them in the layouts of dV, dK and dQ: they pass through
+// shared memory, with a __syncthreads between (FlashAttention-2's layout: Dao 2023, "Parallelism
+// and work partitioning"). At this tile size the instructions around the MMAs decide the speed, so
+// every address the loop needs is computed once (swizzled_step, cp_async_tile's THREADS), 2^x is
+// ex2.approx alone, and the masks cost only the tiles on the diagonal or past S.
+// dQ's rows are queries, which every key block touches, so dQ is summed across blocks in one of
+// two ways (kAtomicDq):
+//   atomics (sm_90 and newer, faster there): each block adds dS K for the walked query tile to a
+//     float dQ accumulator in global memory; backward_dq_convert turns the sums into fp16. Five
+//     matrix products; the order of the adds varies from run to run, so dQ's last bits do too.
 //   deterministic (before sm_90, or -DATOMIC_DQ=0): backward_dq gives each block 64 queries (128
 //     at D = 128) and walks over the key tiles, recomputing S and dP (seven products instead of
 //     five), and owns its dQ rows.
-// Every product runs on the tensor cores, and each accumulator is reused as the A operand of the
-// next product in registers (Pᵀ for dV, dSᵀ for dK, dS for dQ in backward_dq), as in stage 07.
-// V (and at D = 64 K) is an A operand of the warp that owns its rows only, so its fragments are
-// loaded into registers once per block instead of from shared memory for every tile.
 // What changed from the forward: no producer warp. Every warp of backward_dk_dv reads every
 // walked tile, so a block-wide cp.async ring (stage 07's pipeline) feeds them all.
-// Limits: 16 rows per warp, so each fragment read from shared memory feeds at most two MMAs
-// (FlashAttention-2 gives a warp 32 x 32 or larger tiles, and passes P and dS through shared
-// memory to do so); dQ's atomics are 128 x D floats per key block and query tile.
+// Limits: 101,376 bytes of shared memory allow half of FlashAttention-2's query tile (64 at D =
+// 64, 32 at D = 128, against its 128 and 64), so a block does twice its __syncthreads per FLOP.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -38,22 +40,24 @@
 #endif
 constexpr bool kAtomicDq = ATOMIC_DQ;
 
-// backward_dk_dv: warps per block, 16 keys each. Eight give 128-key blocks, which halve the
-// atomic dQ traffic of 64-key blocks (every key block adds its share to every dQ row it sees).
-#ifndef DKDV_WARPS
-#define DKDV_WARPS 8
-#endif
-// backward_dk_dv at D = 64: K's A fragments stay in registers for the whole block (1), or are
-// read from shared memory for every walked tile (0). At D = 128 they do not fit beside dK, dV and V.
-#ifndef K_FRAGS_IN_REGS_D64
-#define K_FRAGS_IN_REGS_D64 1
-#endif
-// Atomic dQ: on sm_90 and newer, one instruction adds 4 floats (red.global.add.v4.f32) (1), or
+// Atomic dQ: on sm_90 and newer, one instruction adds 2 floats (red.global.add.v2.f32) (1), or
 // every float is its own atomicAdd as on sm_80 (0).
 #ifndef VECTOR_ATOMICS
 #define VECTOR_ATOMICS 1
 #endif
 [[maybe_unused]] constexpr bool kVectorAtomics = VECTOR_ATOMICS;  // unused with ATOMIC_DQ=0
+// 2^x as ex2.approx alone (1) or exp2f, with its range test and two multiplies (0).
+#ifndef EX2_APPROX
+#define EX2_APPROX 1
+#endif
+// backward_dk_dv's tile copies: each thread's addresses computed once (1, cp_async_tile's THREADS)
+// or the general loop's index arithmetic for every 16 bytes (0).
+#ifndef FIXED_COPIES
+#define FIXED_COPIES 1
+#endif
+constexpr bool kEx2Approx = EX2_APPROX;
+constexpr int kCopyThreads = FIXED_COPIES ? 256 : 0;  // backward_dk_dv's block size, or 0
+__device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 #define BWD_WARPS 4
 #define BWD_THREADS (32 * BWD_WARPS)
 // backward_dq: 16-row mma tiles per warp, as stage 07's ROW_TILES: with two, every fragment of
@@ -66,30 +70,31 @@ constexpr bool kAtomicDq = ATOMIC_DQ;
 #define Q_TILES_D128 2
 #endif
 
-// Rows of a walked tile: 64 at D = 64 with one row tile per warp, else 32.
+// Rows of backward_dq's walked tile: 64 at D = 64 with one row tile per warp, else 32.
 template <int D, int TILES>
 __host__ __device__ constexpr int walk_rows() { return D == 64 && TILES == 1 ? 64 : 32; }
 
-// Shared memory of backward_dk_dv: the block's K tile (OWN keys; dQ's B operand, and S's A
-// operand unless kept in registers), a 2-slot cp.async ring of walked query tiles (Q, dO and the
-// tile's lse and delta), and with atomic dQ (ATOMIC) the warps' dSᵀ of one walked tile, padded by
-// 8 halves a row so that ldmatrix reads and the warps' writes spread over the banks, and each
-// warp's dQ piece (add_dq_tile). V is only ever an A operand of the warp that owns its rows, so
-// it lives in registers: it passes through the ring's memory once, before the ring starts.
-template <int D, bool ATOMIC> struct DkDvConfig {
-    static constexpr int WARPS = DKDV_WARPS, THREADS = 32 * WARPS;
-    static constexpr int OWN = 16 * WARPS;          // keys per block
-    static constexpr int WALK = walk_rows<D, 1>();  // queries per walked tile
-    static constexpr bool K_IN_REGS = D == 64 && K_FRAGS_IN_REGS_D64;
-    static constexpr int DS_LD = WALK + 8;
+// backward_dk_dv's block and its warps' tiles. Shared memory: the block's K tile (S's and dQ's B
+// operand), a 2-slot cp.async ring of walked query tiles (Q, dO and the tile's lse and delta),
+// and P and dS of one walked tile ([WALK][OWN] each, queries as rows). V is only ever the B
+// operand of dP, for the keys of the warp's S tile, so it lives in registers: it passes through
+// the ring's memory once, before the walk starts.
+template <int D> struct DkDvConfig {
+    static constexpr int WARPS = 8, THREADS = 32 * WARPS;
+    static_assert(kCopyThreads == 0 || kCopyThreads == THREADS, "cp_async_tile's THREADS is the block size");
+    static constexpr int OWN = 128;        // keys per block
+    static constexpr int WALK = 4096 / D;  // queries per walked tile: 64 at D = 64, 32 at D = 128
+    // Warp tiles, 32 rows each. S and dP [WALK x OWN], and dQ [WALK x D], as ROW_GROUPS x
+    // COL_GROUPS warps of 32 x SDP_COLS keys and 32 x DQ_COLS; dK and dV [OWN x D] as 4 x 2 warps
+    // of 32 keys x KV_COLS.
+    static constexpr int ROW_GROUPS = WALK / 32, COL_GROUPS = WARPS / ROW_GROUPS;
+    static constexpr int SDP_COLS = OWN / COL_GROUPS, DQ_COLS = D / COL_GROUPS, KV_COLS = D / 2;
+    static_assert(OWN == 4 * 32 && DQ_COLS == 16, "the warp tiles cover the products");
     static constexpr size_t SLOT = sizeof(__half) * 2 * WALK * D + sizeof(float) * 2 * WALK;
-    // add_dq_tile: each warp takes 16 query rows and DQ_COLS columns of a walked tile's dQ, and
-    // passes them to the atomics through shared memory in rows of DQ_COLS + 8 floats, which
-    // spread the warp's float2 writes over the banks.
-    static constexpr int DQ_ROW_GROUPS = WALK / 16, DQ_COLS = D / (WARPS / DQ_ROW_GROUPS), STAGE_LD = DQ_COLS + 8;
-    static_assert(WARPS % DQ_ROW_GROUPS == 0 && DQ_COLS % 32 == 0, "the warps split dQ's tile into whole pieces");
-    static constexpr size_t bytes = sizeof(__half) * OWN * D + 2 * SLOT +
-                                    (ATOMIC ? sizeof(__half) * OWN * DS_LD + sizeof(float) * WARPS * 16 * STAGE_LD : 0);
+    static constexpr int P_BYTES = sizeof(__half) * WALK * OWN;  // P's tile; dS's follows
+    static constexpr size_t bytes = sizeof(__half) * OWN * D + 2 * SLOT + 2 * P_BYTES;
+    // Every tile starts at a multiple of its row pitch, as swizzled_step needs.
+    static_assert((sizeof(__half) * OWN * D) % 256 == 0 && SLOT % 256 == 0 && P_BYTES % 256 == 0, "tile alignment");
     static_assert(2 * SLOT >= sizeof(__half) * OWN * D, "V is staged through the ring");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
@@ -107,51 +112,6 @@ __device__ inline void pack_a(uint32_t a[4], const float lo[4], const float hi[4
     a[1] = pack_half2(lo[2], lo[3]);
     a[2] = pack_half2(hi[0], hi[1]);
     a[3] = pack_half2(hi[2], hi[3]);
-}
-
-// acc[m][n] (n = 0 .. N/8-1) += A(16 rows of a_tile from row a_row0 + 16 m) x Bᵀ(N rows of
-// b_tile), over D, for RT row tiles: each B fragment read from shared memory feeds RT MMAs.
-template <int D, int N, int RT>
-__device__ inline void product_abt(float acc[RT][N / 8][4], const __half *a_tile, int a_row0, const __half *b_tile,
-                                   int lane) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t a[RT][4];
-#pragma unroll
-        for (int m = 0; m < RT; m++) load_a_frag<D>(a[m], a_tile, a_row0 + 16 * m, kk * 16, lane);
-#pragma unroll
-        for (int n = 0; n < N / 16; n++) {
-            uint32_t b[4];
-            load_b_frags_of_rows<D>(b, b_tile, n * 16, kk * 16, lane);
-#pragma unroll
-            for (int m = 0; m < RT; m++) {
-                mma_m16n8k16(acc[m][2 * n], a[m], b[0], b[1]);
-                mma_m16n8k16(acc[m][2 * n + 1], a[m], b[2], b[3]);
-            }
-        }
-    }
-}
-
-// The same for one row tile whose A fragments (16 x D) are already in registers.
-template <int D, int N>
-__device__ inline void product_abt_regs(float acc[1][N / 8][4], const uint32_t a[D / 16][4], const __half *b_tile,
-                                        int lane) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-#pragma unroll
-        for (int n = 0; n < N / 16; n++) {
-            uint32_t b[4];
-            load_b_frags_of_rows<D>(b, b_tile, n * 16, kk * 16, lane);
-            mma_m16n8k16(acc[0][2 * n], a[kk], b[0], b[1]);
-            mma_m16n8k16(acc[0][2 * n + 1], a[kk], b[2], b[3]);
-        }
-}
-
-// A fragments of rows row0 .. row0 + 15 of a swizzled [rows][D] tile, all D columns.
-template <int D>
-__device__ inline void load_row_frags(uint32_t a[D / 16][4], const __half *tile, int row0, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) load_a_frag<D>(a[kk], tile, row0, kk * 16, lane);
 }
 
 // out[m][j] (j = 0 .. D/8-1) += P(16 x K per row tile, accumulators in registers) x B(K rows of
@@ -177,88 +137,13 @@ __device__ inline void product_pb(float out[RT][D / 8][4], const float p[RT][K /
     }
 }
 
+
 template <int RT, int N>
 __device__ inline void zero(float acc[RT][N][4]) {
 #pragma unroll
     for (int m = 0; m < RT; m++)
 #pragma unroll
         for (int n = 0; n < N; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
-}
-
-// Writes the warp's rows (g, g + 8 of each row tile, from row0) of a [S, D] fp16 matrix.
-template <int D, int RT>
-__device__ inline void store_rows(__half *dst, const float acc[RT][D / 8][4], float factor, int row0, int S, int lane) {
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int m = 0; m < RT; m++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = row0 + 16 * m + g + 8 * r;
-            if (row >= S) continue;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++)
-                *(__half2 *)(dst + (size_t)row * D + j * 8 + 2 * t) =
-                    __floats2half2_rn(acc[m][j][2 * r] * factor, acc[m][j][2 * r + 1] * factor);
-        }
-}
-
-// Atomic dQ for one walked query tile (QT queries from i0): dQ += dS K over this block's keys,
-// where dSᵀ (keys x QT queries, 16 keys per warp) is in the warps' registers. dQ's rows are
-// queries, so the product needs every warp's keys: dSᵀ goes to shared memory, and each warp then
-// takes 16 query rows and DQ_COLS columns of the QT x D tile. A = dS comes from
-// dSᵀ by ldmatrix.trans, as B = V does in the forward; B = K is the block's own K tile.
-template <int D>
-__device__ inline void add_dq_tile(float *dq_head, __half *ds_t, const float ds[1][DkDvConfig<D, true>::WALK / 8][4],
-                                   const __half *k_tile, float *dq_stage, int i0, int S, int warp, int lane) {
-    using L = DkDvConfig<D, true>;
-    constexpr int QT = L::WALK, ROW_GROUPS = L::DQ_ROW_GROUPS, COLS = L::DQ_COLS;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int n = 0; n < QT / 8; n++)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            *(__half2 *)(ds_t + (warp * 16 + g + 8 * r) * L::DS_LD + n * 8 + 2 * t) =
-                __floats2half2_rn(ds[0][n][2 * r], ds[0][n][2 * r + 1]);
-    __syncthreads();  // every warp's dSᵀ is in shared memory
-
-    const int row0 = (warp % ROW_GROUPS) * 16, col0 = (warp / ROW_GROUPS) * COLS;
-    float dq_acc[1][COLS / 8][4];
-    zero<1, COLS / 8>(dq_acc);
-#pragma unroll
-    for (int kk = 0; kk < L::OWN / 16; kk++) {
-        // Lane l addresses row l % 8 of 8x8 matrix l / 8 of dS (rows row0.., keys 16kk..): stored
-        // transposed at dSᵀ row 16kk + 8 (l / 16) + l % 8, column row0 + 8 ((l / 8) % 2).
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, ds_t + (kk * 16 + 8 * (lane / 16) + lane % 8) * L::DS_LD + row0 + 8 * (lane / 8 % 2));
-#pragma unroll
-        for (int n = 0; n < COLS / 16; n++) {
-            uint32_t b[4];
-            load_b_frags_trans<D>(b, k_tile, kk * 16, col0 + n * 16, lane);
-            mma_m16n8k16(dq_acc[0][2 * n], a, b[0], b[1]);
-            mma_m16n8k16(dq_acc[0][2 * n + 1], a, b[2], b[3]);
-        }
-    }
-    // Atomics from the fragments would give each instruction 8 rows x 4 of 8 floats in a 32-byte
-    // sector. The warp's piece goes through shared memory instead, so that a row's lanes cover
-    // it 4 floats each: whole sectors, and a quarter of the atomic operations where the GPU adds
-    // 4 floats at once (sm_90).
-    constexpr int LANES_PER_ROW = COLS / 4, ROWS_PER_STEP = 32 / LANES_PER_ROW;
-    float *stage = dq_stage + warp * 16 * L::STAGE_LD;
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-#pragma unroll
-        for (int j = 0; j < COLS / 8; j++)
-            *(float2 *)(stage + (g + 8 * r) * L::STAGE_LD + 8 * j + 2 * t) =
-                make_float2(dq_acc[0][j][2 * r], dq_acc[0][j][2 * r + 1]);
-    __syncwarp();
-    const int col = 4 * (lane % LANES_PER_ROW);
-#pragma unroll
-    for (int i = 0; i < 16 / ROWS_PER_STEP; i++) {
-        const int row = ROWS_PER_STEP * i + lane / LANES_PER_ROW, query = i0 + row0 + row;
-        if (query < S)
-            atomic_add_float4<kVectorAtomics>(dq_head + (size_t)query * D + col0 + col,
-                                              *(const float4 *)(stage + row * L::STAGE_LD + col));
-    }
 }
 
 // dQ = scale * the float sums of the atomic path, as fp16; n is even (D is).
@@ -269,16 +154,123 @@ __global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n,
     }
 }
 
+
+// Warp-tile products, on swizzled tiles in shared memory: acc is MT x NT blocks of 16 x 8, summed
+// over K. The operands are given by this lane's address of the warp tile's first fragment
+// (a_frag_address and friends, mma_ptx.cuh), and every other fragment is a swizzled_step away.
+
+// acc[m][2n], acc[m][2n + 1] += A(m) x the two n8 blocks of b, for every row tile m: each B
+// fragment read from shared memory feeds MT pairs of MMAs.
+template <int MT, int NT>
+__device__ inline void mma_rows_by_b_pair(float acc[MT][NT][4], const uint32_t a[MT][4], const uint32_t b[4], int n) {
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        mma_m16n8k16(acc[m][2 * n], a[m], b[0], b[1]);
+        mma_m16n8k16(acc[m][2 * n + 1], a[m], b[2], b[3]);
+    }
+}
+
+// acc += A Bᵀ: A's rows in a [..][WA] tile, B's rows in a [..][WB] tile (S = Q Kᵀ, dP = dO Vᵀ).
+template <int K, int MT, int NT, int WA, int WB>
+__device__ inline void warp_abt(float acc[MT][NT][4], uint32_t a_address, uint32_t b_address) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) ldmatrix_x4_at(a[m], swizzled_step<WA>(a_address, 16 * m, 16 * kk));
+#pragma unroll
+        for (int n = 0; n < NT / 2; n++) {
+            uint32_t b[4];
+            ldmatrix_x4_at(b, swizzled_step<WB>(b_address, 16 * n, 16 * kk));
+            mma_rows_by_b_pair<MT, NT>(acc, a, b, n);
+        }
+    }
+}
+
+// acc += A B: A's rows in a [..][WA] tile or, A_TRANSPOSED, its columns in a [K][WA] tile (Pᵀ and
+// dSᵀ from P and dS); B's rows k in a [K][WB] tile (dV = Pᵀ dO, dK = dSᵀ Q, dQ = dS K).
+template <int K, int MT, int NT, int WA, int WB, bool A_TRANSPOSED>
+__device__ inline void warp_ab(float acc[MT][NT][4], uint32_t a_address, uint32_t b_address) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if constexpr (A_TRANSPOSED) ldmatrix_x4_trans_at(a[m], swizzled_step<WA>(a_address, 16 * kk, 16 * m));
+            else ldmatrix_x4_at(a[m], swizzled_step<WA>(a_address, 16 * m, 16 * kk));
+        }
+#pragma unroll
+        for (int n = 0; n < NT / 2; n++) {
+            uint32_t b[4];
+            ldmatrix_x4_trans_at(b, swizzled_step<WB>(b_address, 16 * kk, 16 * n));
+            mma_rows_by_b_pair<MT, NT>(acc, a, b, n);
+        }
+    }
+}
+
+// Writes a warp tile (rows row0 + g, + 8 of each 16, columns col0..) of a [S, D] fp16 matrix,
+// times factor; rows past S are not written.
+template <int D, int MT, int NT>
+__device__ inline void store_warp_tile(__half *dst, const float acc[MT][NT][4], float factor, int row0, int col0, int S,
+                                       int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = row0 + 16 * m + g + 8 * r;
+            if (row >= S) continue;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                *(__half2 *)(dst + (size_t)row * D + col0 + 8 * n + 2 * t) =
+                    __floats2half2_rn(acc[m][n][2 * r] * factor, acc[m][n][2 * r + 1] * factor);
+        }
+}
+
+// P = 2^(S scale log2 e - lse) and dS = P ∘ (dP - delta) of a warp's 32 x (NT 8) tile of S and
+// dP, to shared memory as fp16 at p_address (this thread's first pair; dS is ds_offset bytes
+// further). The thread's rows are g, g + 8, g + 16, g + 24 (query0 + those, lse_rows and
+// delta_rows indexed by them), its keys key0 + 8 n + 2 t (+1). MASKED (tiles on the diagonal or
+// past S) zeroes P where the query is past S or, causal, before the key.
+template <int W, int NT, bool MASKED>
+__device__ inline void p_and_ds_to_smem(const float (&s_acc)[2][NT][4], const float (&dp_acc)[2][NT][4],
+                                        const float *lse_rows, const float *delta_rows, uint32_t p_address,
+                                        int ds_offset, float scale_log2, int query0, int key0, int S, int causal,
+                                        int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = 16 * m + 8 * r + g, query = query0 + row;
+            const float lse = lse_rows[row], d_i = delta_rows[row];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                float p[2], ds[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    p[c] = exp2_of(s_acc[m][n][2 * r + c] * scale_log2 - lse);
+                    if (MASKED && (query >= S || (causal && query < key0 + 8 * n + 2 * t + c))) p[c] = 0.0f;
+                    ds[c] = p[c] * (dp_acc[m][n][2 * r + c] - d_i);
+                }
+                // The base's chunk is a multiple of NT, so the 8-column steps n < NT flip chunk
+                // bits it does not use: swizzled_step applies.
+                const uint32_t at = swizzled_step<W>(p_address, 16 * m + 8 * r, 8 * n);
+                st_shared_b32(at, __floats2half2_rn(p[0], p[1]));
+                st_shared_b32(at + ds_offset, __floats2half2_rn(ds[0], ds[1]));
+            }
+        }
+}
+
 // Starts copying the walked query tile `tile` (Q, dO, lse and delta of QT queries) into a slot.
-template <int D>
+template <int D, int QT, int THREADS>
 __device__ inline void load_query_tile(unsigned char *slot, const __half *q_head, const __half *do_head,
                                        const float *lse_head, const float *delta_head, int tile, int S) {
-    constexpr int QT = walk_rows<D, 1>();
     __half *q_tile = (__half *)slot, *do_tile = q_tile + QT * D;
     float *lse_tile = (float *)(do_tile + QT * D), *delta_tile = lse_tile + QT;
     const int i0 = tile * QT;
-    cp_async_tile<QT, D>(q_tile, q_head, i0, S);
-    cp_async_tile<QT, D>(do_tile, do_head, i0, S);
+    cp_async_tile<QT, D, THREADS>(q_tile, q_head, i0, S);
+    cp_async_tile<QT, D, THREADS>(do_tile, do_head, i0, S);
     for (int i = threadIdx.x; i < QT; i += blockDim.x) {
         const bool valid = i0 + i < S;
         cp_async_4(lse_tile + i, lse_head + (valid ? i0 + i : 0), valid);
@@ -286,104 +278,140 @@ __device__ inline void load_query_tile(unsigned char *slot, const __half *q_head
     }
 }
 
-// dK, dV for OWN keys per block, 16 per warp; the query tiles (Q, dO, lse and delta; QT rows
-// each) stream through a 2-slot cp.async ring. Everything is computed transposed (keys as rows),
-// so that Pᵀ and dSᵀ come out as accumulators with keys as rows: the A operands of dV and dK.
+// dK, dV (and with ATOMIC dQ's share) for the OWN keys of a block; the query tiles stream through
+// a 2-slot cp.async ring.
 template <int D, bool ATOMIC>
-__global__ void __launch_bounds__(DkDvConfig<D, ATOMIC>::THREADS, 1)
+__global__ void __launch_bounds__(DkDvConfig<D>::THREADS, 1)
 backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
                const float *delta, __half *dk, __half *dv, float *dq_accum, int S, float scale, int causal) {
-    using L = DkDvConfig<D, ATOMIC>;
-    constexpr int QT = L::WALK, OWN = L::OWN;
-    extern __shared__ __align__(128) unsigned char smem[];
-    __half *k_tile = (__half *)smem;                     // [OWN][D]
+    using L = DkDvConfig<D>;
+    constexpr int QT = L::WALK, OWN = L::OWN, SDP_NT = L::SDP_COLS / 8, DQ_NT = L::DQ_COLS / 8, KV_NT = L::KV_COLS / 8;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __half *k_tile = (__half *)smem;                            // [OWN][D]
     unsigned char *ring = (unsigned char *)(k_tile + OWN * D);  // [2][Q tile, dO tile, lse, delta]
-    __half *ds_t = (__half *)(ring + 2 * L::SLOT);       // [OWN][DS_LD]: dSᵀ, keys as rows (atomic dQ only)
-    float *dq_stage = (float *)(ds_t + (ATOMIC ? OWN * L::DS_LD : 0));
+    __half *p_tile = (__half *)(ring + 2 * L::SLOT);            // [QT][OWN]: P, queries as rows
+    __half *ds_tile = p_tile + QT * OWN;                        // [QT][OWN]: dS
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
     const float *lse_head = lse_log2 + (size_t)head_index * S, *delta_head = delta + (size_t)head_index * S;
     const int j0 = blockIdx.x * OWN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int warp_row0 = warp * 16;  // this thread's keys: j0 + warp_row0 + g (+ 8)
+    // This warp's tile in each layout: S and dP (queries x keys), dK and dV (keys x D), dQ (queries x D).
+    const int sdp_row0 = (warp / L::COL_GROUPS) * 32, sdp_col0 = (warp % L::COL_GROUPS) * L::SDP_COLS;
+    const int dq_row0 = sdp_row0, dq_col0 = (warp % L::COL_GROUPS) * L::DQ_COLS;
+    const int kv_row0 = (warp % 4) * 32, kv_col0 = (warp / 4) * L::KV_COLS;
     const float scale_log2 = scale * 1.4426950408889634f;
     // Causal: queries before j0 see none of these keys.
     const int first_tile = causal ? j0 / QT : 0, n_tiles = ceil_div(S, QT);
 
-    // K stays in shared memory; V (and at D = 64 K) moves into this warp's A fragments.
+    // K stays in shared memory; V's B fragments for this warp's keys move into registers.
     __half *v_stage = (__half *)ring;
-    cp_async_tile<OWN, D>(k_tile, k + head, j0, S);
-    cp_async_tile<OWN, D>(v_stage, v + head, j0, S);
+    cp_async_tile<OWN, D, kCopyThreads>(k_tile, k + head, j0, S);
+    cp_async_tile<OWN, D, kCopyThreads>(v_stage, v + head, j0, S);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    uint32_t v_frags[D / 16][4], k_frags[L::K_IN_REGS ? D / 16 : 1][4];
-    load_row_frags<D>(v_frags, v_stage, warp_row0, lane);
-    if constexpr (L::K_IN_REGS) load_row_frags<D>(k_frags, k_tile, warp_row0, lane);
+    uint32_t v_frags[D / 16][SDP_NT / 2][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int n = 0; n < SDP_NT / 2; n++) load_b_frags_of_rows<D>(v_frags[kk][n], v_stage, sdp_col0 + 16 * n, 16 * kk, lane);
     __syncthreads();  // the ring's memory is free for the query tiles
 
     for (int s = 0; s < 2; s++) {
         if (first_tile + s < n_tiles)
-            load_query_tile<D>(ring + s * L::SLOT, q + head, d_o + head, lse_head, delta_head, first_tile + s, S);
+            load_query_tile<D, QT, kCopyThreads>(ring + s * L::SLOT, q + head, d_o + head, lse_head, delta_head, first_tile + s, S);
         cp_async_commit();
     }
 
-    float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];
-    zero<1, D / 8>(dk_acc);
-    zero<1, D / 8>(dv_acc);
+    // This lane's fragment addresses, computed once (the swizzle's arithmetic stays out of the
+    // loop): S's A = Q and dP's A = dO (of slot 0; a slot is SLOT bytes further), S's B = K; dV's
+    // A = Pᵀ and dK's A = dSᵀ, dV's B = dO and dK's B = Q; dQ's A = dS and B = K; and where this
+    // thread's P and dS pairs go.
+    const __half *q_tile0 = (const __half *)ring, *do_tile0 = q_tile0 + QT * D;
+    const uint32_t q_a = a_frag_address<D>(q_tile0, sdp_row0, 0, lane), do_a = a_frag_address<D>(do_tile0, sdp_row0, 0, lane);
+    const uint32_t k_b = b_frags_of_rows_address<D>(k_tile, sdp_col0, 0, lane);
+    const uint32_t p_at = a_frag_trans_address<OWN>(p_tile, kv_row0, 0, lane), ds_at = p_at + L::P_BYTES;
+    const uint32_t do_bt = b_frags_trans_address<D>(do_tile0, 0, kv_col0, lane), q_bt = do_bt - QT * D * 2;
+    const uint32_t ds_a = a_frag_address<OWN>(ds_tile, dq_row0, 0, lane);
+    const uint32_t k_bt = b_frags_trans_address<D>(k_tile, 0, dq_col0, lane);
+    const uint32_t p_st = smem_address(p_tile + swizzle<OWN>(sdp_row0 + g, sdp_col0 + 2 * t));
+
+    float dk_acc[2][KV_NT][4], dv_acc[2][KV_NT][4];
+    zero<2, KV_NT>(dk_acc);
+    zero<2, KV_NT>(dv_acc);
 
     for (int tile = first_tile; tile < n_tiles; tile++) {
         cp_async_wait<1>();
         __syncthreads();
-        unsigned char *slot = ring + ((tile - first_tile) % 2) * L::SLOT;
-        const __half *q_tile = (const __half *)slot, *do_tile = q_tile + QT * D;
+        const uint32_t slot_offset = ((tile - first_tile) % 2) * L::SLOT;
+        unsigned char *slot = ring + slot_offset;
+        const __half *do_tile = (const __half *)slot + QT * D;
         const float *lse_tile = (const float *)(do_tile + QT * D), *delta_tile = lse_tile + QT;
         const int i0 = tile * QT;
 
-        // Sᵀ = K Qᵀ (keys x QT queries), then Pᵀ in place.
-        float p[1][QT / 8][4];
-        zero<1, QT / 8>(p);
-        if constexpr (L::K_IN_REGS) product_abt_regs<D, QT>(p, k_frags, q_tile, lane);
-        else product_abt<D, QT, 1>(p, k_tile, warp_row0, q_tile, lane);
-        const bool masked = i0 + QT > S || (causal && i0 < j0 + OWN);
+        // S = Q Kᵀ and dP = dO Vᵀ for this warp's 32 queries x SDP_COLS keys.
+        float s_acc[2][SDP_NT][4], dp_acc[2][SDP_NT][4];
+        zero<2, SDP_NT>(s_acc);
+        zero<2, SDP_NT>(dp_acc);
+        warp_abt<D, 2, SDP_NT, D, D>(s_acc, q_a + slot_offset, k_b);
 #pragma unroll
-        for (int n = 0; n < QT / 8; n++) {
-            const float2 lse = *(const float2 *)(lse_tile + n * 8 + 2 * t);
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[2][4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int query = i0 + n * 8 + 2 * t + (e & 1), key = j0 + warp_row0 + g + 8 * (e / 2);
-                float x = exp2f(p[0][n][e] * scale_log2 - ((e & 1) ? lse.y : lse.x));
-                if (masked && (query >= S || (causal && query < key))) x = 0.0f;
-                p[0][n][e] = x;
-            }
+            for (int m = 0; m < 2; m++) ldmatrix_x4_at(a[m], swizzled_step<D>(do_a + slot_offset, 16 * m, 16 * kk));
+#pragma unroll
+            for (int n = 0; n < SDP_NT / 2; n++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    mma_m16n8k16(dp_acc[m][2 * n], a[m], v_frags[kk][n][0], v_frags[kk][n][1]);
+                    mma_m16n8k16(dp_acc[m][2 * n + 1], a[m], v_frags[kk][n][2], v_frags[kk][n][3]);
+                }
         }
 
-        // dV += Pᵀ dO.
-        product_pb<D, QT, 1>(dv_acc, p, do_tile, lane);
+        // P and dS to shared memory; the masks cost only the tiles on the diagonal or past S.
+        const int query0 = i0 + sdp_row0, key0 = j0 + sdp_col0;
+        const float *lse_rows = lse_tile + sdp_row0, *delta_rows = delta_tile + sdp_row0;
+        if (i0 + QT > S || (causal && i0 < j0 + OWN))
+            p_and_ds_to_smem<OWN, SDP_NT, true>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES, scale_log2,
+                                                 query0, key0, S, causal, lane);
+        else
+            p_and_ds_to_smem<OWN, SDP_NT, false>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES, scale_log2,
+                                                  query0, key0, S, causal, lane);
+        __syncthreads();  // P and dS of the whole tile are in shared memory
 
-        // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ - delta_query) in place, then dK += dSᵀ Q.
-        float ds[1][QT / 8][4];
-        zero<1, QT / 8>(ds);
-        product_abt_regs<D, QT>(ds, v_frags, do_tile, lane);
+        // dV += Pᵀ dO and dK += dSᵀ Q for this warp's 32 keys x KV_COLS columns.
+        warp_ab<QT, 2, KV_NT, OWN, D, true>(dv_acc, p_at, do_bt + slot_offset);
+        warp_ab<QT, 2, KV_NT, OWN, D, true>(dk_acc, ds_at, q_bt + slot_offset);
+        if constexpr (ATOMIC) {
+            // dQ += dS K for this warp's 32 queries x DQ_COLS columns, added to the float sums.
+            float dq_acc[2][DQ_NT][4];
+            zero<2, DQ_NT>(dq_acc);
+            warp_ab<OWN, 2, DQ_NT, OWN, D, false>(dq_acc, ds_a, k_bt);
+            // This thread's first float of the tile, and how many of its rows (g + 16 m + 8 r) exist.
+            float *dq_rows = dq_accum + head + (size_t)(i0 + dq_row0 + g) * D + dq_col0 + 2 * t;
+            const int rows_left = S - (i0 + dq_row0 + g);
 #pragma unroll
-        for (int n = 0; n < QT / 8; n++) {
-            const float2 d_i = *(const float2 *)(delta_tile + n * 8 + 2 * t);
+            for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) ds[0][n][e] = p[0][n][e] * (ds[0][n][e] - ((e & 1) ? d_i.y : d_i.x));
+                for (int r = 0; r < 2; r++)
+                    if (16 * m + 8 * r < rows_left)
+#pragma unroll
+                        for (int n = 0; n < DQ_NT; n++)
+                            atomic_add_float2<kVectorAtomics>(dq_rows + (16 * m + 8 * r) * D + 8 * n,
+                                                              make_float2(dq_acc[m][n][2 * r], dq_acc[m][n][2 * r + 1]));
         }
-        product_pb<D, QT, 1>(dk_acc, ds, q_tile, lane);
-        if constexpr (ATOMIC) add_dq_tile<D>(dq_accum + head, ds_t, ds, k_tile, dq_stage, i0, S, warp, lane);
 
-        __syncthreads();  // everyone is done with this slot: refill it with tile + 2
-        if (tile + 2 < n_tiles) load_query_tile<D>(slot, q + head, d_o + head, lse_head, delta_head, tile + 2, S);
+        __syncthreads();  // everyone is done with this slot and with P and dS: refill it with tile + 2
+        if (tile + 2 < n_tiles) load_query_tile<D, QT, kCopyThreads>(slot, q + head, d_o + head, lse_head, delta_head, tile + 2, S);
         cp_async_commit();
     }
     cp_async_wait<0>();
 
     // S = scale Q Kᵀ, so dK = scale dSᵀ Q; dV needs no factor.
-    store_rows<D, 1>(dk + head, dk_acc, scale, j0 + warp_row0, S, lane);
-    store_rows<D, 1>(dv + head, dv_acc, 1.0f, j0 + warp_row0, S, lane);
+    store_warp_tile<D, 2, KV_NT>(dk + head, dk_acc, scale, j0 + kv_row0, kv_col0, S, lane);
+    store_warp_tile<D, 2, KV_NT>(dv + head, dv_acc, 1.0f, j0 + kv_row0, kv_col0, S, lane);
 }
 
 // dQ for OWN queries per block, 16 * TILES per warp; K and V tiles (KT rows each) stream through
@@ -395,7 +423,7 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
     using L = DqConfig<D>;
     constexpr int KT = L::WALK, RT = L::TILES, OWN = L::OWN;
     constexpr int SLOT = 2 * KT * D;  // K tile then V tile
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     __half *q_tile = (__half *)smem;      // [OWN][D]
     __half *do_tile = q_tile + OWN * D;   // [OWN][D]
     __half *ring = do_tile + OWN * D;     // [2][K tile, V tile]
@@ -442,8 +470,10 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
         float p[RT][KT / 8][4], ds[RT][KT / 8][4];
         zero<RT, KT / 8>(p);
         zero<RT, KT / 8>(ds);
-        product_abt<D, KT, RT>(p, q_tile, warp * 16 * RT, k_tile, lane);
-        product_abt<D, KT, RT>(ds, do_tile, warp * 16 * RT, v_tile, lane);
+        warp_abt<D, RT, KT / 8, D, D>(p, a_frag_address<D>(q_tile, warp * 16 * RT, 0, lane),
+                                        b_frags_of_rows_address<D>(k_tile, 0, 0, lane));
+        warp_abt<D, RT, KT / 8, D, D>(ds, a_frag_address<D>(do_tile, warp * 16 * RT, 0, lane),
+                                        b_frags_of_rows_address<D>(v_tile, 0, 0, lane));
         const bool masked = k0 + KT > S || (causal && k0 + KT - 1 > i0);
 #pragma unroll
         for (int m = 0; m < RT; m++)
@@ -452,7 +482,7 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = k0 + n * 8 + 2 * t + (e & 1), r = e / 2;
-                    float x = exp2f(p[m][n][e] * scale_log2 - lse[m][r]);
+                    float x = exp2_of(p[m][n][e] * scale_log2 - lse[m][r]);
                     if (masked && (key >= S || (causal && key > warp_query0 + 16 * m + g + 8 * r))) x = 0.0f;
                     ds[m][n][e] = x * (ds[m][n][e] - d_i[m][r]);
                 }
@@ -466,13 +496,13 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
         cp_async_commit();
     }
     cp_async_wait<0>();
-    store_rows<D, RT>(dq + head, dq_acc, scale, warp_query0, S, lane);
+    store_warp_tile<D, RT, D / 8>(dq + head, dq_acc, scale, warp_query0, 0, S, lane);
 }
 
 // The dQ accumulator follows lse and delta, 256-byte aligned for the vector atomics.
 static size_t dq_accum_offset(const attn_shape *s) { return (lse_delta_workspace_bytes(s) + 255) / 256 * 256; }
 
-// Atomic dQ pays where one instruction adds 4 floats (sm_90 and newer). With one float per atomic
+// Atomic dQ pays where one instruction adds 2 floats (sm_90 and newer). With one float per atomic
 // it is slower than the deterministic kernel on the H100 (lesson: bwd_scalar_atomics), so GPUs
 // before sm_90 take the deterministic kernel. -DVECTOR_ATOMICS=0 forces scalar atomics everywhere,
 // to measure exactly that.
@@ -492,8 +522,8 @@ size_t stage08_workspace_bytes(const attn_shape *s) {
 
 template <int D>
 static size_t backward_shared_bytes() {
-    if (dq_by_atomics()) return DkDvConfig<D, true>::bytes;
-    return DkDvConfig<D, false>::bytes > DqConfig<D>::bytes ? DkDvConfig<D, false>::bytes : DqConfig<D>::bytes;
+    if (dq_by_atomics()) return DkDvConfig<D>::bytes;
+    return DkDvConfig<D>::bytes > DqConfig<D>::bytes ? DkDvConfig<D>::bytes : DqConfig<D>::bytes;
 }
 
 size_t stage08_backward_shared_bytes(const attn_shape *s) {
@@ -502,7 +532,7 @@ size_t stage08_backward_shared_bytes(const attn_shape *s) {
 
 template <int D, bool ATOMIC>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    using DkDv = DkDvConfig<D, ATOMIC>;
+    using DkDv = DkDvConfig<D>;
     using Dq = DqConfig<D>;
     const float *lse = workspace_lse(s, t), *delta = workspace_delta(s, t);
     float *dq_accum = ATOMIC ? (float *)((char *)t->workspace + dq_accum_offset(s)) : NULL;
