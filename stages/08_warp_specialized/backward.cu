@@ -114,6 +114,17 @@ __device__ inline void pack_a(uint32_t a[4], const float lo[4], const float hi[4
     a[3] = pack_half2(hi[2], hi[3]);
 }
 
+// acc[m][2n], acc[m][2n + 1] += A(m) x the two n8 blocks of b, for every row tile m: each B
+// fragment read from shared memory feeds MT pairs of MMAs.
+template <int MT, int NT>
+__device__ inline void mma_rows_by_b_pair(float acc[MT][NT][4], const uint32_t a[MT][4], const uint32_t b[4], int n) {
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        mma_m16n8k16(acc[m][2 * n], a[m], b[0], b[1]);
+        mma_m16n8k16(acc[m][2 * n + 1], a[m], b[2], b[3]);
+    }
+}
+
 // out[m][j] (j = 0 .. D/8-1) += P(16 x K per row tile, accumulators in registers) x B(K rows of
 // b_tile).
 template <int D, int K, int RT>
@@ -128,15 +139,10 @@ __device__ inline void product_pb(float out[RT][D / 8][4], const float p[RT][K /
         for (int n = 0; n < D / 16; n++) {
             uint32_t b[4];
             load_b_frags_trans<D>(b, b_tile, kk * 16, n * 16, lane);
-#pragma unroll
-            for (int m = 0; m < RT; m++) {
-                mma_m16n8k16(out[m][2 * n], a[m], b[0], b[1]);
-                mma_m16n8k16(out[m][2 * n + 1], a[m], b[2], b[3]);
-            }
+            mma_rows_by_b_pair<RT, D / 8>(out, a, b, n);
         }
     }
 }
-
 
 template <int RT, int N>
 __device__ inline void zero(float acc[RT][N][4]) {
@@ -154,21 +160,9 @@ __global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n,
     }
 }
 
-
 // Warp-tile products, on swizzled tiles in shared memory: acc is MT x NT blocks of 16 x 8, summed
 // over K. The operands are given by this lane's address of the warp tile's first fragment
 // (a_frag_address and friends, mma_ptx.cuh), and every other fragment is a swizzled_step away.
-
-// acc[m][2n], acc[m][2n + 1] += A(m) x the two n8 blocks of b, for every row tile m: each B
-// fragment read from shared memory feeds MT pairs of MMAs.
-template <int MT, int NT>
-__device__ inline void mma_rows_by_b_pair(float acc[MT][NT][4], const uint32_t a[MT][4], const uint32_t b[4], int n) {
-#pragma unroll
-    for (int m = 0; m < MT; m++) {
-        mma_m16n8k16(acc[m][2 * n], a[m], b[0], b[1]);
-        mma_m16n8k16(acc[m][2 * n + 1], a[m], b[2], b[3]);
-    }
-}
 
 // acc += A Bᵀ: A's rows in a [..][WA] tile, B's rows in a [..][WB] tile (S = Q Kᵀ, dP = dO Vᵀ).
 template <int K, int MT, int NT, int WA, int WB>
@@ -362,12 +356,7 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
 #pragma unroll
             for (int m = 0; m < 2; m++) ldmatrix_x4_at(a[m], swizzled_step<D>(do_a + slot_offset, 16 * m, 16 * kk));
 #pragma unroll
-            for (int n = 0; n < SDP_NT / 2; n++)
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    mma_m16n8k16(dp_acc[m][2 * n], a[m], v_frags[kk][n][0], v_frags[kk][n][1]);
-                    mma_m16n8k16(dp_acc[m][2 * n + 1], a[m], v_frags[kk][n][2], v_frags[kk][n][3]);
-                }
+            for (int n = 0; n < SDP_NT / 2; n++) mma_rows_by_b_pair<2, SDP_NT>(dp_acc, a, v_frags[kk][n], n);
         }
 
         // P and dS to shared memory; the masks cost only the tiles on the diagonal or past S.
