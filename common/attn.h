@@ -24,11 +24,15 @@ typedef struct {
 typedef struct {
     const void *q, *k, *v;  // device, fp16 [B, H, S, D]
     void *o;                // device, fp16 [B, H, S, D]
-    void *workspace;        // device scratch of workspace_bytes(shape) bytes (NULL when 0); it
-                            // persists from the forward to the backward (e.g. the row log-sum-exp)
+    void *workspace;        // device, workspace_bytes(shape) bytes (NULL when 0). The forward
+                            // writes it; the backward only reads it (the row log-sum-exp), so one
+                            // forward serves any number of backward passes without a copy.
     // Backward only (NULL otherwise): the incoming gradient dO and the gradients to write.
     const void *d_o;        // device, fp16 [B, H, S, D]
     void *dq, *dk, *dv;     // device, fp16 [B, H, S, D]
+    void *backward_scratch; // device, backward_scratch_bytes(shape) bytes (NULL when 0): the
+                            // backward's own temporaries (delta, stage 08's float dQ), in any
+                            // state on entry; nothing in it outlives the call.
 } attn_tensors;
 
 typedef struct {
@@ -36,7 +40,8 @@ typedef struct {
     const char *idea;  // one line, printed by --help
     // NULL when the stage can run `shape`, otherwise a sentence that says why not.
     const char *(*unsupported)(const attn_shape *shape);
-    // Scratch the forward pass needs in device memory (0 for none).
+    // Device memory the forward pass writes (0 for none): its own temporaries (stage 01's S x S
+    // scores), or what it leaves for the backward to read (stages 08 and 09: the row log-sum-exp).
     size_t (*workspace_bytes)(const attn_shape *shape);
     // The most dynamic shared memory one block of any of the stage's kernels asks for at this
     // shape (0 for none). The harness compares it with the GPU's per-block limit before launching.
@@ -44,11 +49,16 @@ typedef struct {
     // Enqueue the forward pass on `stream`; returns the launch error, if any.
     cudaError_t (*forward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
     // Enqueue the backward pass (dQ, dK, dV from Q, K, V, O, dO and whatever the forward left in
-    // the workspace); NULL for the forward-only stages.
+    // the workspace, with backward_scratch for its temporaries); NULL for the forward-only stages.
     cudaError_t (*backward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
     // 1 when the kernels use sm_90a instructions (wgmma, setmaxnreg): they run on compute
     // capability 9.0 (H100, H200) only, and the harness skips other GPUs with a message.
     int needs_sm90a;
+    // Device memory the backward pass needs for itself, apart from the workspace (NULL or 0 for
+    // none; NULL in the forward-only stages). Kept apart so that the workspace, which lives from
+    // the forward to the backward (in PyTorch, saved with the graph), holds only what the backward
+    // reads, and the backward never writes it.
+    size_t (*backward_scratch_bytes)(const attn_shape *shape);
 } attn_stage;
 
 // Defined by the stage being built into this executable.

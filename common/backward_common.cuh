@@ -1,5 +1,5 @@
 // backward_common.cuh - the delta pre-pass every stage with a backward pass runs first (included
-// by a stage's backward .cu file only; the workspace it writes is described in kernel_common.cuh).
+// by a stage's backward .cu file only; the scratch it writes is described in kernel_common.cuh).
 #ifndef FLASH_STAGES_BACKWARD_COMMON_CUH
 #define FLASH_STAGES_BACKWARD_COMMON_CUH
 
@@ -23,7 +23,7 @@ static __global__ void backward_delta(const __half *o, const __half *d_o, float 
 static inline void launch_backward_delta(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     const int rows = (int)attention_rows(s), rows_per_block = 4;
     backward_delta<<<ceil_div(rows, rows_per_block), 32 * rows_per_block, 0, stream>>>(
-        (const __half *)t->o, (const __half *)t->d_o, workspace_delta(s, t), rows, s->dim);
+        (const __half *)t->o, (const __half *)t->d_o, scratch_delta(s, t), rows, s->dim);
 }
 
 #endif

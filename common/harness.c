@@ -249,6 +249,16 @@ typedef struct {
     int runs;
 } timing;
 
+// How many of the `n` bytes at device address `device` differ from `host`.
+static size_t bytes_changed(const unsigned char *host, const void *device, size_t n) {
+    unsigned char *now = xmalloc(n);
+    CUDA_CHECK(cudaMemcpy(now, device, n, cudaMemcpyDeviceToHost));
+    size_t changed = 0;
+    for (size_t i = 0; i < n; i++) changed += now[i] != host[i];
+    free(now);
+    return changed;
+}
+
 // Times `pass` (the forward, or the backward after one forward has filled O and the workspace).
 static timing time_pass(attn_pass pass, const options *opt, const attn_tensors *t,
                         const struct cudaDeviceProp *prop, cudaStream_t stream) {
@@ -373,9 +383,11 @@ int main(int argc, char **argv) {
     const int n_tensors = opt.backward ? N_TENSORS : T_O + 1;
     const size_t n = attn_elems(shape), bytes = n * sizeof(uint16_t);
     const size_t workspace = STAGE.workspace_bytes(shape);
+    // The backward's own scratch, apart from the workspace the forward leaves it.
+    const size_t scratch = opt.backward && STAGE.backward_scratch_bytes ? STAGE.backward_scratch_bytes(shape) : 0;
     size_t free_bytes, total_bytes;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const double need = (double)n_tensors * bytes + workspace + 2.0 * prop.l2CacheSize;
+    const double need = (double)n_tensors * bytes + workspace + scratch + 2.0 * prop.l2CacheSize;
     if (need > 0.9 * free_bytes) {
         fprintf(stderr, "%s: skipped: needs %.1f GiB of device memory, %.1f GiB free\n", program_name,
                 need / 1073741824.0, free_bytes / 1073741824.0);
@@ -397,6 +409,7 @@ int main(int argc, char **argv) {
     dev.q = dev_ptr[T_Q], dev.k = dev_ptr[T_K], dev.v = dev_ptr[T_V], dev.o = dev_ptr[T_O];
     dev.d_o = dev_ptr[T_DO], dev.dq = dev_ptr[T_DQ], dev.dk = dev_ptr[T_DK], dev.dv = dev_ptr[T_DV];
     if (workspace) CUDA_CHECK(cudaMalloc(&dev.workspace, workspace));
+    if (scratch) CUDA_CHECK(cudaMalloc(&dev.backward_scratch, scratch));
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
 
@@ -416,10 +429,16 @@ int main(int argc, char **argv) {
     check_print(shape, &result);
     int passed = check_passed(&result);
 
-    // Backward: poison the gradients, run it once on the forward's O and workspace, compare.
+    // Backward: poison the gradients and the scratch (a backward must not read scratch it has not
+    // written), run it once on the forward's O and workspace, compare.
     check_bwd_result bwd_result;
     if (opt.backward && passed) {
         for (int t = T_DQ; t <= T_DV; t++) CUDA_CHECK(cudaMemsetAsync(dev_ptr[t], 0xff, bytes, stream));
+        if (scratch) CUDA_CHECK(cudaMemsetAsync(dev.backward_scratch, 0xff, scratch, stream));
+        // The workspace as the forward left it: the backward only reads it (attn.h), and PyTorch
+        // hands the same workspace to every backward of one forward.
+        unsigned char *forward_workspace = workspace ? xmalloc(workspace) : NULL;
+        if (workspace) CUDA_CHECK(cudaMemcpy(forward_workspace, dev.workspace, workspace, cudaMemcpyDeviceToHost));
         run_pass(STAGE.backward, shape, &dev, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         for (int t = T_DQ; t <= T_DV; t++)
@@ -428,6 +447,15 @@ int main(int argc, char **argv) {
         bwd_result = check_backward(shape, f32[T_Q], f32[T_K], f32[T_V], f32[T_DO], grads);
         check_print_backward(shape, &bwd_result);
         passed = check_bwd_passed(&bwd_result);
+        if (workspace) {
+            const size_t changed = bytes_changed(forward_workspace, dev.workspace, workspace);
+            if (changed) {
+                printf("check workspace: FAIL: the backward changed %zu of the %zu bytes the forward left it\n",
+                       changed, workspace);
+                passed = 0;
+            }
+            free(forward_workspace);
+        }
     }
     if (opt.save_dir) save_tensors(opt.save_dir, shape, host, n_tensors);
 
@@ -451,6 +479,7 @@ int main(int argc, char **argv) {
         free(host[t]);
     }
     if (dev.workspace) CUDA_CHECK(cudaFree(dev.workspace));
+    if (dev.backward_scratch) CUDA_CHECK(cudaFree(dev.backward_scratch));
     CUDA_CHECK(cudaStreamDestroy(stream));
     return passed ? 0 : EXIT_CHECK_FAILED;
 }

@@ -88,14 +88,17 @@ size_t layout_shared_bytes(const attn_shape *s) {
     return s->dim == 64 ? Layout<64>::bytes : Layout<128>::bytes;
 }
 
-// Workspace: the forward's row log-sum-exp in log2 units, lse_log2[B*H*S] (float), which the
-// backward uses to recompute P = 2^(s scale log2 e - lse_log2) without a softmax; then the
-// backward's delta_i = rowsum(dO * O), delta[B*H*S] (float).
+// The workspace of the stages with a backward pass: the forward's row log-sum-exp in log2 units,
+// lse_log2[B*H*S] (float), from which the backward recomputes P = 2^(s scale log2 e - lse_log2)
+// without a softmax. Nothing else: the workspace lives from the forward to the backward.
 inline size_t attention_rows(const attn_shape *s) { return (size_t)s->batch * s->heads * s->seq; }
-inline size_t lse_delta_workspace_bytes(const attn_shape *s) { return 2 * sizeof(float) * attention_rows(s); }
+inline size_t lse_workspace_bytes(const attn_shape *s) { return sizeof(float) * attention_rows(s); }
 inline float *workspace_lse(const attn_shape *, const attn_tensors *t) { return (float *)t->workspace; }
-inline float *workspace_delta(const attn_shape *s, const attn_tensors *t) {
-    return (float *)t->workspace + attention_rows(s);
-}
+
+// The backward's scratch starts with delta_i = rowsum(dO * O), delta[B*H*S] (float), which the
+// backward computes first (backward_common.cuh) and which dies with it; a stage may put more after
+// it (stage 08's float dQ).
+inline size_t delta_scratch_bytes(const attn_shape *s) { return sizeof(float) * attention_rows(s); }
+inline float *scratch_delta(const attn_shape *, const attn_tensors *t) { return (float *)t->backward_scratch; }
 
 #endif

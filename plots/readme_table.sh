@@ -321,9 +321,12 @@ replace_block() {
         !skipping { print }' "$file"
 }
 
-# The training run of python/examples/train.py (plots/data/h100_training.csv): per run, the loss at
-# the last logged step, the mean of the last ten logged losses, and the median of the logged
-# throughputs; then flash_stages' throughput over each SDPA run's.
+# The training runs of python/examples/train.py (plots/data/h100_training.csv): per run, the loss at
+# the last logged step, the mean of the last ten logged losses, the first logged step below 0.01
+# nats and the median of the logged throughputs. Then the verdict the example exists for: whether
+# each flash_stages run's final loss and last-ten mean lie within the min..max of the SDPA runs
+# (seeds apart, the noise), compared at the 5 decimals shown; and flash_stages' throughput over
+# the SDPA runs'.
 training_table() {
     local file=plots/data/h100_training.csv
     [ -f "$file" ] || { echo "_No training run committed yet ($file)._"; return; }
@@ -331,8 +334,13 @@ training_table() {
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     {
         r = $col["run"] " seed " $col["seed"]; gpu = $col["gpu"]
-        if (!(r in seen)) { seen[r] = 1; order[++k] = r }
+        if (!(r in seen)) {
+            seen[r] = 1; order[++k] = r; kernel[r] = $col["run"]
+            if (kernel[r] == "sdpa_flash") sdpa_seeds = sdpa_seeds (sdpa_seeds == "" ? "" : ", ") $col["seed"]
+            else { ours = kernel[r]; our_seeds = our_seeds (our_seeds == "" ? "" : ", ") $col["seed"] }
+        }
         n[r]++; loss[r, n[r]] = $col["loss"]; last_step[r] = $col["step"]
+        if (!(r in floor_step) && $col["loss"] + 0 < 0.01) floor_step[r] = $col["step"]
         if ($col["tokens_per_s"] != "") rate[r, ++m[r]] = $col["tokens_per_s"] + 0
     }
     function median(r,    i, j, t, a) {
@@ -340,20 +348,52 @@ training_table() {
         for (i = 2; i <= m[r]; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
         return m[r] % 2 ? a[(m[r] + 1) / 2] : (a[m[r] / 2] + a[m[r] / 2 + 1]) / 2
     }
+    function shown(x) { return sprintf("%.5f", x) }  # as the table prints it, and compared so
+    function runs(count, seeds) { return count " run" (count == 1 ? "" : "s") " (seed" (count == 1 ? " " : "s ") seeds ")" }
+    # e.g. "0.00016, below the range of the SDPA runs (0.00019..0.00020)", or "..., within the range ..."
+    function verdict(x, lo, hi) {
+        return shown(x) ", " (x + 0 < lo + 0 ? "outside (below)" : x + 0 > hi + 0 ? "outside (above)" : "within") \
+            " the range of the SDPA runs, " lo ".." hi
+    }
     END {
-        print "One run of `python/examples/train.py` on the " gpu ", from `" FILENAME "`:"
-        print ""
-        print "| run | loss at the last step | mean of the last 10 logged losses | median tokens/s |"
-        print "|---|---:|---:|---:|"
         for (i = 1; i <= k; i++) { r = order[i]; s = 0
             for (j = n[r] - 9; j <= n[r]; j++) s += loss[r, j]
-            med[r] = median(r)
-            printf "| %s | %.5f (step %d) | %.5f | %.0f |\n", r, loss[r, n[r]], last_step[r], s / 10, med[r] }
-        for (i = 1; i <= k; i++) if (order[i] !~ /^sdpa/) ours = order[i]
+            last[r] = shown(loss[r, n[r]]); mean[r] = shown(s / 10); med[r] = median(r)
+            if (kernel[r] == "sdpa_flash") n_sdpa++; else n_ours++
+        }
+        line = "One invocation of `python/examples/train.py` on the " gpu ", from `" FILENAME "`:"
+        if (n_sdpa) line = line " SDPA flash, " runs(n_sdpa, sdpa_seeds)
+        if (n_ours) line = line (n_sdpa ? ", and " : " ") ours ", " runs(n_ours, our_seeds)
+        print line "; runs of one seed start from the same weights and see the same data:"
         print ""
-        line = "Throughput of " ours " over SDPA flash:"
-        for (i = 1; i <= k; i++) if (order[i] ~ /^sdpa/) line = line sprintf(" %.3fx (%s)", med[ours] / med[order[i]], order[i])
-        print line "."
+        print "| run | loss at the last step | mean of the last 10 logged losses | first logged step below 0.01 | median tokens/s |"
+        print "|---|---:|---:|---:|---:|"
+        for (i = 1; i <= k; i++) { r = order[i]
+            printf "| %s | %s (step %d) | %s | %s | %.0f |\n", r, last[r], last_step[r], mean[r],
+                   (r in floor_step) ? floor_step[r] : "-", med[r] }
+        if (!n_sdpa || !n_ours) exit
+        first = 1
+        for (i = 1; i <= k; i++) { r = order[i]
+            if (kernel[r] != "sdpa_flash") continue
+            if (first || last[r] + 0 < last_lo + 0) last_lo = last[r]
+            if (first || last[r] + 0 > last_hi + 0) last_hi = last[r]
+            if (first || mean[r] + 0 < mean_lo + 0) mean_lo = mean[r]
+            if (first || mean[r] + 0 > mean_hi + 0) mean_hi = mean[r]
+            first = 0
+        }
+        print ""
+        for (i = 1; i <= k; i++) { r = order[i]
+            if (kernel[r] == "sdpa_flash") continue
+            lo = hi = ""
+            for (j = 1; j <= k; j++) if (kernel[order[j]] == "sdpa_flash") {
+                ratio = med[r] / med[order[j]]
+                if (lo == "" || ratio < lo) lo = ratio
+                if (hi == "" || ratio > hi) hi = ratio
+            }
+            printf "- %s: loss at the last step %s; mean of the last 10 logged losses %s. Throughput %s over SDPA flash.\n",
+                   r, verdict(last[r], last_lo, last_hi), verdict(mean[r], mean_lo, mean_hi),
+                   lo == hi ? sprintf("%.3fx", lo) : sprintf("%.3fx..%.3fx", lo, hi)
+        }
     }' "$file"
 }
 

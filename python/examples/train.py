@@ -1,6 +1,9 @@
-"""Train one small decoder-only transformer three times on a copy task, with PyTorch's SDPA (flash
-backend; seeds 0 and 1) and with flash_stages (seed 0: the same weights and data as SDPA's seed 0),
-and write every logged step to a CSV (plots/data/<gpu>_training.csv; plots/training.gp draws it).
+"""Train one small decoder-only transformer several times on a copy task, with PyTorch's SDPA (flash
+backend; seeds 0, 1, 2 and 3) and with flash_stages (seeds 0 and 1: the same initial weights and
+data as SDPA's runs of those seeds), and write every logged step of every run to a CSV
+(plots/data/<gpu>_training.csv; plots/training.gp draws it, plots/readme_table.sh tables it). The
+SDPA runs of different seeds show how far the loss moves by chance alone: a flash_stages run
+trains as well as SDPA when its final loss lies within their spread.
 
 The task: a sequence of S tokens whose first half holds S/2 distinct tokens drawn at random from
 the vocabulary and whose second half repeats the first. The loss counts the second half from its
@@ -9,8 +12,8 @@ predecessor, so it is determined by what came before and the best achievable los
 model gets there by learning to look the predecessor up and copy what followed it (an induction
 head, over a distance of S/2). Rotary position embeddings give the attention relative positions.
 
-    python python/examples/train.py                           # the run the README shows
-    python python/examples/train.py --steps 300 --seq 1024    # a quick look
+    python python/examples/train.py                           # the runs the README shows
+    python python/examples/train.py --steps 300 --seq 1024 --sdpa-seeds 0 --flash-stages-seeds 0   # a quick look
 """
 
 import argparse
@@ -129,9 +132,17 @@ def train(args, run, attention, seed, writer):
             if window_start is not None and window_steps > 0:
                 rate = f"{window_steps * tokens_per_step / (time.perf_counter() - window_start):.0f}"
             writer.writerow([args.gpu, run, seed, step, f"{loss.item():.5f}", rate])
-            print(f"{run:>14} step {step:5d}  loss {loss.item():.4f}  tokens/s {rate}", flush=True)
+            print(f"{run} seed {seed} step {step:5d}  loss {loss.item():.4f}  tokens/s {rate}", flush=True)
             torch.cuda.synchronize()
             window_start, window_steps = time.perf_counter(), 0
+
+
+def seed_list(text):
+    """--sdpa-seeds 0,1,2,3 -> [0, 1, 2, 3]; an empty string is no run."""
+    try:
+        return [int(seed) for seed in text.split(",") if seed.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be integers separated by commas, got {text!r}") from None
 
 
 def default_csv(gpu):
@@ -154,26 +165,47 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--log-every", type=int, default=25)
+    parser.add_argument("--sdpa-seeds", type=seed_list, default=[0, 1, 2, 3],
+                        help="seeds of the SDPA flash runs, comma-separated (their spread is the noise)")
+    parser.add_argument("--flash-stages-seeds", type=seed_list, default=[0, 1],
+                        help="seeds of the flash_stages runs, comma-separated")
     parser.add_argument("--stage", default=None, help="flash_stages stage (default: the fastest this GPU runs)")
     parser.add_argument("--out", default=None, help="CSV path (default plots/data/<gpu>_training.csv)")
     args = parser.parse_args()
     if args.seq % 2 or args.vocab < args.seq // 2 or args.width // args.heads not in (64, 128):
         parser.error("--seq must be even, --vocab at least seq / 2, and width / heads 64 or 128")
+    for option, seeds in (("--sdpa-seeds", args.sdpa_seeds), ("--flash-stages-seeds", args.flash_stages_seeds)):
+        if len(set(seeds)) != len(seeds):  # a run is named by its kernel and seed in the CSV
+            parser.error(f"{option} names a seed twice: {seeds}")
+    if not args.sdpa_seeds and not args.flash_stages_seeds:
+        parser.error("no run: --sdpa-seeds and --flash-stages-seeds are both empty")
     args.gpu = torch.cuda.get_device_name()
     stage = args.stage or flash_stages.default_stage()
     out = pathlib.Path(args.out) if args.out else default_csv(args.gpu)
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{args.gpu}: {args.layers} layers, width {args.width}, {args.heads} heads of {args.width // args.heads}, "
-          f"S = {args.seq}, batch {args.batch}, vocab {args.vocab}; flash_stages stage {stage}; best loss 0")
+          f"S = {args.seq}, batch {args.batch}, vocab {args.vocab}; flash_stages stage {stage}; best loss 0; "
+          f"{args.steps} steps per run; SDPA seeds {args.sdpa_seeds}, flash_stages seeds {args.flash_stages_seeds}")
+
+    def ours(q, k, v):
+        return flash_stages.attention(q, k, v, causal=True, stage=stage)
+
+    # Interleaved (SDPA seed 0, flash_stages seed 0, SDPA seed 1, ...), so that a drift of the GPU's
+    # clocks over the minutes of the runs does not favour either kernel's throughput.
+    runs = []
+    for i in range(max(len(args.sdpa_seeds), len(args.flash_stages_seeds))):
+        if i < len(args.sdpa_seeds):
+            runs.append(("sdpa_flash", sdpa_flash, args.sdpa_seeds[i]))
+        if i < len(args.flash_stages_seeds):
+            runs.append((f"flash_stages_{stage}", ours, args.flash_stages_seeds[i]))
     with open(out, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["gpu", "run", "seed", "step", "loss", "tokens_per_s"])
-        runs = [("sdpa_flash", sdpa_flash, 0), (f"flash_stages_{stage}",
-                lambda q, k, v: flash_stages.attention(q, k, v, causal=True, stage=stage), 0),
-                ("sdpa_flash", sdpa_flash, 1)]
         for run, attention, seed in runs:
+            start = time.perf_counter()
             train(args, run, attention, seed, writer)
             f.flush()
+            print(f"{run} seed {seed}: {args.steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
     print(f"wrote {out}")
 
 

@@ -85,7 +85,8 @@ def _check_runs(stage, shape, device):
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              stage: str) -> tuple[torch.Tensor, torch.Tensor]:
     """O and the stage's workspace (bytes; for stages with a backward pass, the row log-sum-exp
-    the backward recomputes P from). Inputs: contiguous fp16 [B, H, S, D] on one CUDA device."""
+    the backward recomputes P from, one float per row and nothing else, since autograd keeps it
+    until the backward). Inputs: contiguous fp16 [B, H, S, D] on one CUDA device."""
     st = _stage(stage)
     shape = _shape(q, causal)
     _check_runs(st, shape, q.device)
@@ -105,16 +106,16 @@ def _(q, k, v, causal, stage):
 @torch.library.custom_op("flash_stages::backward", mutates_args=())
 def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               workspace: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV. The backward writes its own scratch (delta, dQ's float sums) into the workspace,
-    so it works on a copy of the forward's: the op stays pure, and a graph can be run backward
-    twice (retain_graph). The copy is one pass over the workspace, a small part of the backward."""
+    """dQ, dK, dV. The kernels only read the forward's workspace and write their own temporaries
+    (delta, stage 08's float dQ) into a scratch buffer of this call, so the op is pure without a
+    copy, and a graph can be run backward twice (retain_graph)."""
     st = _stage(stage)
     shape = _shape(q, causal)
-    scratch = workspace.clone()
+    scratch = torch.empty(st.backward_scratch_bytes(shape), dtype=torch.uint8, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(scratch), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
-                               dv=_pointer(dv))
+                               workspace=_pointer(workspace), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
+                               dv=_pointer(dv), backward_scratch=_pointer(scratch))
     st.backward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
     return dq, dk, dv
 

@@ -14,9 +14,10 @@ class Shape(ctypes.Structure):
 
 
 class Tensors(ctypes.Structure):
-    """``attn_tensors``: device pointers (NULL where unused)."""
+    """``attn_tensors``, field for field: device pointers (NULL where unused)."""
 
-    _fields_ = [(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "workspace", "d_o", "dq", "dk", "dv")]
+    _fields_ = [(name, ctypes.c_void_p)
+                for name in ("q", "k", "v", "o", "workspace", "d_o", "dq", "dk", "dv", "backward_scratch")]
 
 
 _UNSUPPORTED = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.POINTER(Shape))
@@ -36,6 +37,7 @@ class _StageTable(ctypes.Structure):
         ("forward", _LAUNCH),
         ("backward", _LAUNCH),
         ("needs_sm90a", ctypes.c_int),
+        ("backward_scratch_bytes", _BYTES),
     ]
 
 
@@ -49,12 +51,27 @@ def library_dirs():
     return dirs
 
 
+def _check_mirror(lib, path):
+    """The library's attn_stage and attn_tensors are as large as their mirrors here: a struct that
+    gained a field on one side only would otherwise be misread, pointers taken for sizes."""
+    mirrors = (ctypes.sizeof(_StageTable), ctypes.sizeof(Tensors))
+    try:
+        sizes = tuple((ctypes.c_size_t * 2).in_dll(lib, "flash_stages_struct_sizes"))
+    except ValueError:  # the symbol is missing: a library built before the sizes were exported
+        sizes = None
+    if sizes != mirrors:
+        raise RuntimeError(f"flash_stages: {path} does not match flash_stages/_library.py (attn_stage, attn_tensors: "
+                           f"{sizes or 'unknown'} bytes in the library, {mirrors} in the mirror); rebuild the "
+                           f"libraries from this source tree, or update the mirror of common/attn.h")
+
+
 class Stage:
     """One stage's library: its table and the helpers its CUDA runtime answers."""
 
     def __init__(self, path):
         self.path = path
         self._lib = ctypes.CDLL(str(path))
+        _check_mirror(self._lib, path)
         self._table = _StageTable.in_dll(self._lib, "STAGE")
         self.name = self._table.name.decode()
         self.idea = self._table.idea.decode()
@@ -67,7 +84,14 @@ class Stage:
         lib.flash_stages_refusal.restype = ctypes.c_int
 
     def workspace_bytes(self, shape):
+        """Bytes the forward writes and the backward reads (the row log-sum-exp)."""
         return int(self._table.workspace_bytes(ctypes.byref(shape)))
+
+    def backward_scratch_bytes(self, shape):
+        """Bytes the backward needs for itself (0 where the stage has none)."""
+        if not self._table.backward_scratch_bytes:  # NULL in the forward-only stages
+            return 0
+        return int(self._table.backward_scratch_bytes(ctypes.byref(shape)))
 
     def why_not(self, shape, device_index):
         """None when this stage runs `shape` on the device, else the sentence the harness prints: the

@@ -113,4 +113,5 @@ extern "C" const attn_stage STAGE = {
     forward,
     NULL,  // forward only
     0,     // any GPU from sm_80
+    NULL,  // no backward scratch
 };

@@ -488,8 +488,9 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
     store_warp_tile<D, RT, D / 8>(dq + head, dq_acc, scale, warp_query0, 0, S, lane);
 }
 
-// The dQ accumulator follows lse and delta, 256-byte aligned for the vector atomics.
-static size_t dq_accum_offset(const attn_shape *s) { return (lse_delta_workspace_bytes(s) + 255) / 256 * 256; }
+// The backward's scratch: delta (kernel_common.cuh), then, when dQ is accumulated with atomics,
+// the float dQ, 256-byte aligned for the vector atomics.
+static size_t dq_accum_offset(const attn_shape *s) { return (delta_scratch_bytes(s) + 255) / 256 * 256; }
 
 // Atomic dQ pays where one instruction adds 2 floats (sm_90 and newer). With one float per atomic
 // it is slower than the deterministic kernel on the H100 (lesson: bwd_scalar_atomics), so GPUs
@@ -505,8 +506,10 @@ static bool dq_by_atomics() {
     return major >= 9;
 }
 
-size_t stage08_workspace_bytes(const attn_shape *s) {
-    return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * attn_elems(s) : lse_delta_workspace_bytes(s);
+// Sized by the build (kAtomicDq), not by dq_by_atomics(): the size must not depend on which
+// device happens to be current when a caller asks for it.
+size_t stage08_backward_scratch_bytes(const attn_shape *s) {
+    return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * attn_elems(s) : delta_scratch_bytes(s);
 }
 
 template <int D>
@@ -523,8 +526,8 @@ template <int D, bool ATOMIC>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     using DkDv = DkDvConfig<D>;
     using Dq = DqConfig<D>;
-    const float *lse = workspace_lse(s, t), *delta = workspace_delta(s, t);
-    float *dq_accum = ATOMIC ? (float *)((char *)t->workspace + dq_accum_offset(s)) : NULL;
+    const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
+    float *dq_accum = ATOMIC ? (float *)((char *)t->backward_scratch + dq_accum_offset(s)) : NULL;
     launch_backward_delta(s, t, stream);
     cudaError_t err = allow_dynamic_smem(backward_dk_dv<D, ATOMIC>, DkDv::bytes);
     if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);

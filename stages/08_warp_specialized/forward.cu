@@ -287,9 +287,10 @@ extern "C" const attn_stage STAGE = {
     "a producer warp (cp.async) and consumer warps (mma.sync) hand a K/V ring over with mbarriers; "
     "FlashAttention-2 backward",
     unsupported_head_dim,
-    stage08_workspace_bytes,
+    lse_workspace_bytes,
     shared_bytes,
     forward,
     stage08_backward,
     0,  // any GPU from sm_80
+    stage08_backward_scratch_bytes,
 };

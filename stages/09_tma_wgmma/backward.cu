@@ -285,7 +285,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 template <int D>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     const int heads_total = s->batch * s->heads;
-    float *lse = workspace_lse(s, t), *delta = workspace_delta(s, t);
+    const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     launch_backward_delta(s, t, stream);
     // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
     CUtensorMap own[4], walk[4];  // q, k, v, do
@@ -308,6 +308,9 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
                                                         (__half *)t->dq, s->seq, scale, s->causal);
     return cudaGetLastError();
 }
+
+// The backward's scratch is delta alone: dQ has its own kernel, so no float accumulator.
+size_t stage09_backward_scratch_bytes(const attn_shape *s) { return delta_scratch_bytes(s); }
 
 size_t stage09_backward_shared_bytes(const attn_shape *s) {
     return s->dim == 64 ? BwdLayout<64>::bytes : BwdLayout<128>::bytes;

@@ -226,9 +226,10 @@ extern "C" const attn_stage STAGE = {
     "producer warpgroup (TMA) and consumer warpgroups (wgmma) with mbarrier hand-off; FlashAttention-2 "
     "backward (dK/dV and dQ kernels)",
     unsupported_head_dim,
-    lse_delta_workspace_bytes,
+    lse_workspace_bytes,
     shared_bytes,
     stage09_forward,
     stage09_backward,
     1,  // wgmma, setmaxnreg: sm_90a
+    stage09_backward_scratch_bytes,
 };
