@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ablations.sh STAGE... - time every stage that has ablation builds (stages/<stage>/ablations.txt)
-# and each of those builds at S = 4096 (B = 4, H*D = 2048; D = 64 and 128, causal and not), in the
+# and each of those builds at S = 4096 (B = 4, H*D = 2048; D = 64 and 128, causal and not; more
+# sequence lengths where the file names them in a line "# sequence lengths: ..."), in the
 # passes each build changes, and write the rows to plots/data/<gpu>_ablations.csv: the lessons'
 # tables "what each idea is worth" come from it. bench.sh runs it after the sweep; run alone, it
 # needs FLASH_STAGES_BIN (default build/bin) to hold the built programs.
@@ -20,19 +21,23 @@ tmp=$(mktemp "${TMPDIR:-/tmp}/ablations.XXXXXX.csv")
 export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 failures=0 start=$SECONDS
-time_build() {  # time_build PROGRAM PASS
-    local program=$1 pass=$2 flags=() dim causal log
+time_build() {  # time_build PROGRAM PASS SEQ...
+    local program=$1 pass=$2 flags=() dim causal seq log
+    shift 2
     [ "$pass" = bwd ] && flags+=(--backward)
-    for dim in 64 128; do
-        for causal in "" --causal; do
-            if log=$("$bin/$program" "${flags[@]}" --batch 4 --heads $((2048 / dim)) --seq 4096 --dim $dim \
-                $causal --bench --csv "$tmp" 2>&1); then
-                printf '[%4ds] %-48s %s D=%-3s %-8s %s\n' $((SECONDS - start)) "$program" "$pass" $dim \
-                    "${causal:-}" "$(grep '^time' <<<"$log" | sed 's/^time[^:]*: //')"
-            else
-                echo "ablations: $program $pass D=$dim $causal FAILED:"; sed 's/^/    /' <<<"$log"
-                failures=$((failures + 1))
-            fi
+    for seq in "$@"; do
+        for dim in 64 128; do
+            for causal in "" --causal; do
+                # B * S = 16384 tokens and H * D = 2048, as in the sweep (B = 4 at S = 4096).
+                if log=$("$bin/$program" "${flags[@]}" --batch $((16384 / seq)) --heads $((2048 / dim)) --seq "$seq" \
+                    --dim $dim $causal --bench --csv "$tmp" 2>&1); then
+                    printf '[%4ds] %-48s %s S=%-5s D=%-3s %-8s %s\n' $((SECONDS - start)) "$program" "$pass" "$seq" $dim \
+                        "${causal:-}" "$(grep '^time' <<<"$log" | sed 's/^time[^:]*: //')"
+                else
+                    echo "ablations: $program $pass S=$seq D=$dim $causal FAILED:"; sed 's/^/    /' <<<"$log"
+                    failures=$((failures + 1))
+                fi
+            done
         done
     done
 }
@@ -40,12 +45,14 @@ time_build() {  # time_build PROGRAM PASS
 for stage in "$@"; do
     file=stages/$stage/ablations.txt
     [ -f "$file" ] || continue
+    # A line "# sequence lengths: 4096 16384" times every build at each; 4096 alone otherwise.
+    seqs=$(sed -n 's/^# sequence lengths: *//p' "$file"); seqs=${seqs:-4096}
     base_passes=fwd
     grep -v '^#' "$file" | cut -d'|' -f2 | grep -q bwd && base_passes="fwd bwd"
-    for pass in $base_passes; do time_build "$stage" $pass; done
+    for pass in $base_passes; do time_build "$stage" $pass $seqs; done
     while IFS='|' read -r name passes _; do
         name=$(xargs <<<"$name")
-        for pass in $passes; do time_build "$stage.$name" "$pass"; done
+        for pass in $passes; do time_build "$stage.$name" "$pass" $seqs; done
     done < <(grep -v '^#' "$file")
 done
 

@@ -133,53 +133,76 @@ ratio_table() {
 }
 
 # A stage's ablation builds (stages/<stage>/ablations.txt, timed by plots/ablations.sh): TFLOP/s
-# at S = 4096 of the stage as built and of each build with one idea switched off, from one run,
-# with the ratio to the stage as built; the previous stage's as-built row for reference.
+# at S = 4096 (and any other sequence length the file names in "# sequence lengths: ...") of the
+# stage as built and of each build with one idea switched off, from one run, with the ratio to the
+# stage as built; the previous stage's as-built row for reference, and a PyTorch backend from the
+# sweep of the same GPU's CSV where the file names one in "# compare with: ...".
 ablation_table() {
     local stage=$1 list=stages/$1/ablations.txt file=${ablations_csv}
     [ -f "$list" ] || return 0
     [ -f "$file" ] || { echo "_No ablation measurements committed yet ($file)._"; return 0; }
     local previous
     previous=$(basename "$(ls -d stages/"$(printf '%02d' $((10#${stage:0:2} - 1)))"_* 2>/dev/null | head -n 1)" 2>/dev/null || true)
-    awk -F, -v stage="$stage" -v list="$list" -v previous="$previous" '
+    awk -F, -v stage="$stage" -v list="$list" -v previous="$previous" -v sweep="$csv" '
     BEGIN {
         while ((getline line < list) > 0) {
+            if (line ~ /^# sequence lengths:/) { sub(/^# sequence lengths: */, "", line); n_seq = split(line, seqs, " ") }
+            if (line ~ /^# compare with:/) { sub(/^# compare with: */, "", line); peer = line }
             if (line ~ /^#/ || line ~ /^[ \t]*$/) continue
             split(line, f, "|")
             for (i = 1; i <= 4; i++) gsub(/^[ \t]+|[ \t]+$/, "", f[i])
             names[++n] = f[1]; passes[f[1]] = f[2]; what[f[1]] = f[4]
             if (f[2] ~ /bwd/) has_bwd = 1
         }
+        if (n_seq == 0) { n_seq = 1; seqs[1] = 4096 }
+        # The peer from the sweep, at the sweep shape of each sequence length (B * S = 16384).
+        if (peer != "") {
+            FS = ","
+            while ((getline line < sweep) > 0) {
+                m = split(line, v, ",")
+                if (v[1] == "gpu") { for (i = 1; i <= m; i++) scol[v[i]] = i; continue }
+                if (v[scol["stage"]] == peer && v[scol["batch"]] * v[scol["seq"]] == 16384)
+                    tf[peer, v[scol["seq"]], v[scol["direction"]], v[scol["dim"]], v[scol["causal"]]] = v[scol["tflops"]]
+            }
+        }
     }
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     {
-        tf[$col["stage"], $col["direction"], $col["dim"], $col["causal"]] = $col["tflops"]
+        tf[$col["stage"], $col["seq"], $col["direction"], $col["dim"], $col["causal"]] = $col["tflops"]
         gpu = $col["gpu"]; commit[$col["commit"]] = 1
     }
-    function cell(build, pass, d, c,    x, b) {
-        if (!((build, pass, d, c) in tf)) return "-"
-        x = tf[build, pass, d, c]
-        if (build == stage || !((stage, pass, d, c) in tf)) return sprintf("%.1f", x)
-        b = tf[stage, pass, d, c]
+    function cell(build, seq, pass, d, c,    x, b) {
+        if (!((build, seq, pass, d, c) in tf)) return "-"
+        x = tf[build, seq, pass, d, c]
+        if (build == stage || !((stage, seq, pass, d, c) in tf)) return sprintf("%.1f", x)
+        b = tf[stage, seq, pass, d, c]
         return sprintf("%.1f (%.2fx)", x, x / b)
     }
-    function row(build, label, pass, change) {
-        printf "| %s | %s | %s | %s | %s | %s | %s |\n", label, pass, change, cell(build, pass, 64, 0),
-            cell(build, pass, 64, 1), cell(build, pass, 128, 0), cell(build, pass, 128, 1)
+    function row(build, seq, label, pass, change) {
+        printf "| %s | %s | %s | %s | %s | %s | %s |\n", label, pass, change, cell(build, seq, pass, 64, 0),
+            cell(build, seq, pass, 64, 1), cell(build, seq, pass, 128, 0), cell(build, seq, pass, 128, 1)
     }
     END {
         cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
-        print "TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the " gpu ", one run of `plots/ablations.sh` (commit " cs "), from `" FILENAME "`; in brackets the ratio to the stage as built:"
-        print ""
-        print "| build | pass | what the build changes | D=64 | D=64 causal | D=128 | D=128 causal |"
-        print "|---|---|---|---:|---:|---:|---:|"
-        row(stage, stage " as built", "fwd", "")
-        if (has_bwd) row(stage, stage " as built", "bwd", "")
-        for (i = 1; i <= n; i++) {
-            split(passes[names[i]], p, " ")
-            for (j = 1; j in p; j++) row(stage "." names[i], "`." names[i] "`", p[j], what[names[i]])
+        for (k = 1; k <= n_seq; k++) {
+            seq = seqs[k]
+            if (k > 1) print ""
+            print "TFLOP/s at S = " seq " (B = " 16384 / seq ", H*D = 2048) on the " gpu ", one run of `plots/ablations.sh` (commit " cs "), from `" FILENAME "`; in brackets the ratio to the stage as built" (peer != "" ? " (for " peer ", from the sweep of the same run in `" sweep "`)" : "") ":"
+            print ""
+            print "| build | pass | what the build changes | D=64 | D=64 causal | D=128 | D=128 causal |"
+            print "|---|---|---|---:|---:|---:|---:|"
+            row(stage, seq, stage " as built", "fwd", "")
+            if (has_bwd) row(stage, seq, stage " as built", "bwd", "")
+            for (i = 1; i <= n; i++) {
+                split(passes[names[i]], p, " ")
+                for (j = 1; j in p; j++) row(stage "." names[i], seq, "`." names[i] "`", p[j], what[names[i]])
+            }
+            if (previous != "" && (previous, seq, "fwd", 64, 0) in tf) row(previous, seq, previous " as built (previous stage)", "fwd", "")
+            if (peer != "") {
+                row(peer, seq, peer " (PyTorch)", "fwd", "")
+                if (has_bwd) row(peer, seq, peer " (PyTorch)", "bwd", "")
+            }
         }
-        if (previous != "" && (previous, "fwd", 64, 0) in tf) row(previous, previous " as built (previous stage)", "fwd", "")
     }' "$file"
 }
 

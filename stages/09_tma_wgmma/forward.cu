@@ -1,222 +1,432 @@
 // Stage 09, forward - warp specialization on Hopper: a producer warpgroup feeds K/V tiles with the
-// copy engine (TMA), two consumer warpgroups multiply with wgmma and run the softmax; mbarriers
-// hand the slots of a shared-memory ring over.
+// copy engine (TMA), consumer warpgroups multiply with wgmma and run the softmax; mbarriers hand
+// the slots of shared-memory rings over, and FlashAttention-3's schedule keeps the tensor cores fed.
 //
 // The idea: stage 08 already splits the roles (a producer warp fills a K/V ring with cp.async,
 // consumer warps compute, mbarriers hand the slots over), but its consumers pull every K and V
 // fragment through their own registers with ldmatrix before mma.sync can use it, and its producer
 // warp holds as many registers as a consumer. Here the copy engine fills shared memory, the tensor
 // cores read it themselves, and the producer gives its registers away:
-//   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for Q once, then for
-//     each K/V tile into ring slot t % STAGES, after the consumers released it (empty[slot]);
-//     the copy engine counts the bytes onto full[slot].
-//   consumers (warpgroups 1, 2; 64 query rows each): wait full[slot], S = Q Kᵀ with wgmma
-//     (both operands in shared memory), mask and online softmax in registers, O += P V with wgmma
-//     (P from registers, V from shared memory), arrive on empty[slot].
-// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240).
+//   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for a query tile's Q,
+//     then for each key tile K into the K ring and V into the V ring (slot t % STAGES), each after
+//     the consumers released that slot; the copy engine counts the bytes onto the slot's barrier.
+//   consumers (warpgroups 1..; 64 query rows each): S = Q Kᵀ with wgmma (both operands in shared
+//     memory), mask and online softmax in registers, O += P V with wgmma (P from registers).
+// setmaxnreg moves registers from the producer (24 per thread) to the consumers.
+// FlashAttention-3's schedule (Shah et al. 2024, sections 3.1 and 3.2), each idea a switch below:
+//   intra-warpgroup overlap (kIntraOverlap): S of key tile n is issued before P V of tile n - 1,
+//     and the softmax of tile n runs while that P V is in flight;
+//   persistent blocks (kPersistent): one block per SM walks many query tiles; the producer loads
+//     the next tile's Q as soon as the consumers' last S = Q Kᵀ of this one is done, and K/V
+//     continue through the same ring, so a tile's fill overlaps the previous tile's end;
+//   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
+//     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
 // What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of
 // a producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync;
-// setmaxnreg; warpgroups instead of warps; 128 x 128 tiles (128 query rows per block, 128-key
-// tiles); the 128-byte swizzle that TMA writes and wgmma reads (common/wgmma_ptx.cuh). The online
-// softmax and the log-sum-exp (log2 units) written to the workspace for the backward pass
-// (backward.cu) are stage 08's.
-// Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); inside
-// a consumer warpgroup the softmax waits for its S product and the P V product for the softmax:
-// only the other warpgroup overlaps them (FlashAttention-3 also pipelines within a group).
+// setmaxnreg; warpgroups instead of warps; 64 query rows per warpgroup and 128-key tiles; the
+// 128-byte swizzle that TMA writes and wgmma reads (common/wgmma_ptx.cuh); the schedule above.
+// The online softmax and the log-sum-exp (log2 units) written to the workspace for the backward
+// pass (backward.cu) are stage 08's.
+// Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); O is
+// stored from registers (no TMA store), so a query tile's epilogue still delays the next tile's
+// first product; the static schedule balances whole units of work, not the time they take.
 #include <math.h>
 
 #include "kernel_common.cuh"
 #include "stage09.h"
 #include "wgmma_ptx.cuh"
 
-#define CONSUMER_GROUPS 2
-#define GROUP_ROWS 64                                // one wgmma M per consumer warpgroup
-#define BLOCK_ROWS (CONSUMER_GROUPS * GROUP_ROWS)  // 128 query rows per block
-#define KEY_TILE 128
-#define THREADS (128 * (CONSUMER_GROUPS + 1))      // producer warpgroup + consumer warpgroups
-#define SLAB 64                                      // fp16 columns per 128-byte swizzled slab
+// The switches, each flipped by one ablation build (ablations.txt).
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+#ifndef INTRA_OVERLAP
+#define INTRA_OVERLAP 1
+#endif
+// 2^x as ex2.approx alone (1) or exp2f, with its range test and two multiplies (0).
+#ifndef EX2_APPROX
+#define EX2_APPROX 1
+#endif
+// One block per SM that walks over many query tiles (1), or one block per query tile (0).
+#ifndef PERSISTENT
+#define PERSISTENT 1
+#endif
+// Consumer warpgroups (64 query rows each) at D = 64 without a causal mask. Everywhere else two:
+// at D = 128 a consumer's S, O and P alone take 160 registers, all that three groups would leave
+// each; causal, a 192-row block wastes more of its diagonal tiles than three groups win.
+#ifndef CONSUMERS_D64
+#define CONSUMERS_D64 3
+#endif
+// Ring slots. With the overlap, a warpgroup holds two V slots at once (tile n - 1's, read by
+// the P V in flight, and tile n's), so two slots leave the producer nothing to prefetch into.
+#ifndef STAGES_D64
+#define STAGES_D64 4
+#endif
+#ifndef STAGES_D128
+#define STAGES_D128 3
+#endif
+constexpr bool kPingPong = PINGPONG;
+constexpr bool kIntraOverlap = INTRA_OVERLAP;
+constexpr bool kEx2Approx = EX2_APPROX;
+constexpr bool kPersistent = PERSISTENT;
+__device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 
-template <int D> struct FwdLayout {
-    static constexpr int STAGES = D == 64 ? 3 : 2;  // ring slots: as many as fit next to Q
+
+#define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
+#define KEY_TILE 128
+#define SLAB 64        // fp16 columns per 128-byte swizzled slab
+
+template <int D, int GROUPS_> struct FwdLayout {
+    static constexpr int GROUPS = GROUPS_;                         // consumer warpgroups
+    static constexpr int THREADS = 128 * (GROUPS + 1);            // and the producer warpgroup
+    static constexpr int BLOCK_ROWS = GROUPS * GROUP_ROWS;        // query rows per block
+    // Registers per consumer thread after setmaxnreg: the producer keeps 24 of a block's 65,536.
+    static constexpr int CONSUMER_REGS = GROUPS == 2 ? 240 : 160;
+    static_assert(128 * 24 + 128 * GROUPS * CONSUMER_REGS <= 65536, "register file");
+    static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
     static constexpr int Q_ELEMS = BLOCK_ROWS * D;
     static constexpr int TILE_ELEMS = KEY_TILE * D;
-    // Q [D/64][BLOCK_ROWS][64], K and V rings [STAGES][D/64][KEY_TILE][64], then the mbarriers;
-    // 1024 spare bytes to align the start to a swizzle atom.
+    // Q [D/64][BLOCK_ROWS][64], the K ring and the V ring [STAGES][D/64][KEY_TILE][64], then the
+    // mbarriers (full and empty for each K and V slot, and Q's); 1024 spare bytes to align the
+    // start to a swizzle atom.
     static constexpr size_t bytes =
-        1024 + sizeof(__half) * (Q_ELEMS + 2 * STAGES * TILE_ELEMS) + sizeof(uint64_t) * (2 * STAGES + 1);
+        1024 + sizeof(__half) * (Q_ELEMS + 2 * STAGES * TILE_ELEMS) + sizeof(uint64_t) * (4 * STAGES + 2);
+    static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
+// The steps of a consumer warpgroup on one tile.
+
+// Issue S = Q Kᵀ (64 rows x 128 keys) as one wgmma group; both operands in shared memory, K-major:
+// step kk starts 32 bytes further into the 128-byte rows of slab kk / 4.
+template <int D, int BLOCK_ROWS>
+__device__ __forceinline__ void issue_qk(float (&s_acc)[KEY_TILE / 2], const __half *q_tile, const __half *k_tile,
+                                         int consumer) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, consumer * GROUP_ROWS, kk),
+                                  desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
+    wgmma_commit();
+}
+
+// Issue O += P V as one wgmma group: P (fp16) is the A operand straight from registers; V is
+// N-major, so step kk (16 keys) starts 16 rows = 2 atoms further, its 64-column slabs a tile apart.
 template <int D>
-__global__ void __launch_bounds__(THREADS, 1)
+__device__ __forceinline__ void issue_pv(float (&o_acc)[D / 2], const uint32_t (&p_frag)[KEY_TILE / 16][4],
+                                         const __half *v_tile) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KEY_TILE / 16; kk++) wgmma_m64k16_rs_tn<D>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk));
+    wgmma_commit();
+}
+
+// Mask tile k0 where needed, then the online softmax of this thread's rows g and g + 8 (stage
+// 07's): s_acc becomes P (fp32, unnormalized), row_max and row_sum advance, and alpha[r] is the
+// factor by which row r of O must be scaled before this tile's P V is added.
+__device__ __forceinline__ void online_softmax(float (&s_acc)[KEY_TILE / 2], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&alpha)[2], int k0, int S, int causal, int first_query,
+                                               int g, int t, float scale_log2) {
+    if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > first_query)) {
+#pragma unroll
+        for (int j = 0; j < KEY_TILE / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + 8 * j + 2 * t + (e & 1);
+                const int query = first_query + g + (e < 2 ? 0 : 8);
+                if (key >= S || (causal && key > query)) s_acc[4 * j + e] = -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < KEY_TILE / 8; j++)
+            tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * j + 2 * r], s_acc[4 * j + 2 * r + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
+        alpha[r] = exp2_of(row_max[r] - new_max);
+        row_max[r] = new_max;
+        float tile_sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KEY_TILE / 8; j++)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                s_acc[4 * j + e] = exp2_of(s_acc[4 * j + e] * scale_log2 - new_max);
+                tile_sum += s_acc[4 * j + e];
+            }
+        row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o_acc)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o_acc[4 * j + e] *= alpha[e / 2];
+}
+
+// Ping-pong: consumer warpgroup c may issue its products once it holds the turn (named barrier
+// 1 + c, which warpgroup c - 1 arrives on when it passes the turn on), so the groups issue in
+// the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products.
+template <int GROUPS> struct Turns {
+    int consumer;
+    __device__ void take() const {
+        if (kPingPong) named_barrier_sync(1 + consumer, 256);
+    }
+    __device__ void pass() const {
+        if (kPingPong) named_barrier_arrive(1 + (consumer + 1) % GROUPS, 256);
+    }
+};
+
+// Which query tiles a block computes. The work is cut into units; block b takes units b,
+// b + gridDim.x, ... (one unit per block when not persistent). A unit is one query tile, except
+// in a persistent causal launch: there the tile with the most keys of a head is paired with the
+// one with the fewest, the second-most with the second-fewest, and so on, so that every unit
+// (but a lone middle tile) walks n_qblocks + 1 key tiles and a static round-robin is balanced.
+// Units run head by head, so the blocks at work at any moment read the K and V of few heads,
+// which stay in L2.
+struct Schedule {
+    int n_qblocks, heads_total, paired;
+    __host__ __device__ int units_per_head() const { return paired ? (n_qblocks + 1) / 2 : n_qblocks; }
+    __host__ __device__ int units() const { return heads_total * units_per_head(); }
+    __device__ int tiles_of(int unit) const {
+        if (!paired) return 1;
+        return 2 * (unit % units_per_head()) + 1 == n_qblocks ? 1 : 2;  // an odd count's middle tile is alone
+    }
+    // The query block of the unit's i-th tile (longest first within a head when causal).
+    __device__ int q_block(int unit, int i, int causal) const {
+        const int j = unit % units_per_head();
+        if (paired) return i == 0 ? n_qblocks - 1 - j : j;
+        return causal ? n_qblocks - 1 - j : j;
+    }
+    __device__ int head(int unit) const { return unit / units_per_head(); }
+};
+
+template <int D, int GROUPS>
+__global__ void __launch_bounds__(FwdLayout<D, GROUPS>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, __half *o, float *lse_log2, int S, float scale,
-              int causal) {
+              int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
-    using L = FwdLayout<D>;
-    constexpr int STAGES = L::STAGES;
+    using L = FwdLayout<D, GROUPS>;
+    constexpr int STAGES = L::STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
     __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     __half *k_ring = q_tile + L::Q_ELEMS;
     __half *v_ring = k_ring + STAGES * L::TILE_ELEMS;
-    uint64_t *full = (uint64_t *)(v_ring + STAGES * L::TILE_ELEMS);  // [STAGES]: K/V tile landed
-    uint64_t *empty = full + STAGES;                                // [STAGES]: consumers done
-    uint64_t *q_full = empty + STAGES;
-
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
-    const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
-    const int q0 = q_block * BLOCK_ROWS;
-    const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
-    const int n_tiles = ceil_div(kv_end, KEY_TILE);
+    // full[s]: K tile in slot s landed, full[STAGES + s]: V tile; empty[...]: the consumers are done
+    // with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full and
+    // q_empty hand the Q tile over the same way, once per query tile.
+    uint64_t *full = (uint64_t *)(v_ring + STAGES * L::TILE_ELEMS);
+    uint64_t *empty = full + 2 * STAGES;
+    uint64_t *q_full = empty + 2 * STAGES, *q_empty = q_full + 1;
+    uint64_t *k_full = full, *v_full = full + STAGES, *k_empty = empty, *v_empty = empty + STAGES;
     const int group = threadIdx.x / 128;
 
-    init_tma_ring(full, empty, STAGES, 4 * CONSUMER_GROUPS, q_full);
+    if (threadIdx.x == 0) mbarrier_init(q_empty, 4 * L::GROUPS);  // the ring's set-up syncs the block
+    init_tma_ring(full, empty, 2 * STAGES, 4 * L::GROUPS, q_full);
 
+    // Both roles walk the same tiles in the same order; ring slots are numbered across them.
     if (group == 0) {
         // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab.
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
-            mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
-            for (int c = 0; c < D / SLAB; c++)
-                tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
-            for (int tile = 0; tile < n_tiles; tile++) {
-                const int slot = tile % STAGES;
-                if (tile >= STAGES) mbarrier_wait(&empty[slot], (tile / STAGES - 1) & 1);
-                mbarrier_arrive_expect_tx(&full[slot], 2 * sizeof(__half) * L::TILE_ELEMS);
-                for (int c = 0; c < D / SLAB; c++) {
-                    const int dst = slot * L::TILE_ELEMS + c * KEY_TILE * SLAB;
-                    tma_load_3d(k_ring + dst, &k_map, c * SLAB, tile * KEY_TILE, head_index, &full[slot]);
-                    tma_load_3d(v_ring + dst, &v_map, c * SLAB, tile * KEY_TILE, head_index, &full[slot]);
+            int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
+            for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
+                for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
+                    const int q0 = schedule.q_block(unit, i, causal) * BLOCK_ROWS, head_index = schedule.head(unit);
+                    const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
+                    // The previous query tile's last S = Q Kᵀ must be done before Q is overwritten.
+                    if (tiles_done > 0) mbarrier_wait_suspend(q_empty, (tiles_done - 1) & 1);
+                    mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
+                    for (int c = 0; c < D / SLAB; c++)
+                        tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
+                    for (int tile = 0; tile < n_tiles; tile++, ring++) {
+                        const int slot = ring % STAGES;
+                        const unsigned parity = (ring / STAGES - 1) & 1;
+                        const int row = tile * KEY_TILE;
+                        if (ring >= STAGES) mbarrier_wait_suspend(&k_empty[slot], parity);
+                        mbarrier_arrive_expect_tx(&k_full[slot], sizeof(__half) * L::TILE_ELEMS);
+                        for (int c = 0; c < D / SLAB; c++)
+                            tma_load_3d(k_ring + slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &k_map, c * SLAB, row,
+                                        head_index, &k_full[slot]);
+                        if (ring >= STAGES) mbarrier_wait_suspend(&v_empty[slot], parity);
+                        mbarrier_arrive_expect_tx(&v_full[slot], sizeof(__half) * L::TILE_ELEMS);
+                        for (int c = 0; c < D / SLAB; c++)
+                            tma_load_3d(v_ring + slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &v_map, c * SLAB, row,
+                                        head_index, &v_full[slot]);
+                    }
                 }
-            }
         }
     } else {
-        setmaxnreg_inc<240>();
+        setmaxnreg_inc<L::CONSUMER_REGS>();
         const int consumer = group - 1;
         const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         const int warp_row0 = consumer * GROUP_ROWS + (threadIdx.x % 128) / 32 * 16;  // in the block
         const float scale_log2 = scale * 1.4426950408889634f;
+        const Turns<L::GROUPS> turns{consumer};
+        // The last group's turn passes to group 0 first, as if it had just issued: group 0 starts.
+        if (consumer == L::GROUPS - 1) turns.pass();
+        int tiles_done = 0, ring = 0;
 
-        float o_acc[D / 2];  // [D/8 n8 blocks][4], the wgmma accumulator layout
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) o_acc[i] = 0.0f;
-        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-        mbarrier_wait(q_full, 0);
-
-        for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % STAGES;
-            const int k0 = tile * KEY_TILE;
-            const __half *k_tile = k_ring + slot * L::TILE_ELEMS;
-            const __half *v_tile = v_ring + slot * L::TILE_ELEMS;
-            mbarrier_wait(&full[slot], (tile / STAGES) & 1);
-
-            // S = Q Kᵀ: 64 rows x 128 keys, k = 16 columns of D per instruction. Both operands are
-            // K-major: step kk starts 32 bytes further into the 128-byte rows of slab kk / 4.
-            float s_acc[KEY_TILE / 2];
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, consumer * GROUP_ROWS, kk),
-                                          desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<KEY_TILE / 2>(s_acc);
-
-            if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
-#pragma unroll
-                for (int j = 0; j < KEY_TILE / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + 8 * j + 2 * t + (e & 1);
-                        const int query = q0 + warp_row0 + g + (e < 2 ? 0 : 8);
-                        if (key >= S || (causal && key > query)) s_acc[4 * j + e] = -INFINITY;
-                    }
-            }
-            // Online softmax for this thread's two rows (g and g + 8), as in stage 07.
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float tile_max = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < KEY_TILE / 8; j++)
-                    tile_max = fmaxf(tile_max, fmaxf(s_acc[4 * j + 2 * r], s_acc[4 * j + 2 * r + 1]));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-                const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
-                const float alpha = exp2f(row_max[r] - new_max);
-                row_max[r] = new_max;
-                float tile_sum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < KEY_TILE / 8; j++)
-#pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; e++) {
-                        s_acc[4 * j + e] = exp2f(s_acc[4 * j + e] * scale_log2 - new_max);
-                        tile_sum += s_acc[4 * j + e];
-                    }
-                row_sum[r] = row_sum[r] * alpha + tile_sum;
-#pragma unroll
-                for (int j = 0; j < D / 8; j++) o_acc[4 * j + 2 * r] *= alpha, o_acc[4 * j + 2 * r + 1] *= alpha;
-            }
-
-            // O += P V: P (fp16) is the A operand straight from registers; V is N-major, so step kk
-            // (16 keys) starts 16 rows = 2 atoms further, and its 64-column slabs are a tile apart.
-            uint32_t p_frag[KEY_TILE / 16][4];
-            pack_a_frags<KEY_TILE>(p_frag, s_acc);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KEY_TILE / 16; kk++)
-                wgmma_m64k16_rs_tn<D>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<D / 2>(o_acc);
+        // Ring slots of the query tile's key tile n: wait for K (or V) to land; release them (one
+        // arrival per warp) once their last reader, S = Q Kᵀ (or P V), has completed.
+        auto k_of = [&](int n) {
+            mbarrier_wait_suspend(&k_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
+            return k_ring + (ring + n) % STAGES * L::TILE_ELEMS;
+        };
+        auto v_of = [&](int n) {
+            mbarrier_wait_suspend(&v_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
+            return v_ring + (ring + n) % STAGES * L::TILE_ELEMS;
+        };
+        auto release = [&](uint64_t *bar) {
             __syncwarp();
-            if (lane == 0) mbarrier_arrive(&empty[slot]);  // this warp no longer reads the slot
-        }
+            if (lane == 0) mbarrier_arrive(bar);
+        };
+        auto release_k = [&](int n) { release(&k_empty[(ring + n) % STAGES]); };
+        auto release_v = [&](int n) { release(&v_empty[(ring + n) % STAGES]); };
 
-        // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
-        const size_t head = (size_t)head_index * S * D;
+        for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
+            for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
+                const int q0 = schedule.q_block(unit, i, causal) * BLOCK_ROWS, head_index = schedule.head(unit);
+                const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
+                const int first_query = q0 + warp_row0;
+                float o_acc[D / 2];  // [D/8 n8 blocks][4], the wgmma accumulator layout
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float l = row_sum[r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = 1.0f / l;
-            const int query = q0 + warp_row0 + g + 8 * r;
-            if (query < S) {
+                for (int e = 0; e < D / 2; e++) o_acc[e] = 0.0f;
+                float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+                float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
+                uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
+                mbarrier_wait_suspend(q_full, tiles_done & 1);
+
+                if constexpr (kIntraOverlap) {
+                    // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
+                    // P_{n-1} V_{n-1}; wait for S_n only (the older group) and run its softmax
+                    // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
+                    // tile n's alpha and pack P_n. O is never touched while a product writes it.
+                    const __half *k_tile = k_of(0);
+                    turns.take();
+                    issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+                    turns.pass();
+                    wgmma_wait<0>();
+                    fence_operands<KEY_TILE / 2>(s_acc);
+                    release_k(0);
+                    if (n_tiles == 1) release(q_empty);
+                    online_softmax(s_acc, row_max, row_sum, alpha, 0, S, causal, first_query, g, t, scale_log2);
+                    pack_a_frags<KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
+                    for (int tile = 1; tile < n_tiles; tile++) {
+                        k_tile = k_of(tile);
+                        const __half *v_tile = v_of(tile - 1);
+                        turns.take();
+                        issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+                        issue_pv<D>(o_acc, p_frag, v_tile);
+                        turns.pass();
+                        wgmma_wait<1>();
+                        fence_operands<KEY_TILE / 2>(s_acc);
+                        release_k(tile);
+                        if (tile == n_tiles - 1) release(q_empty);  // the query tile's last read of Q
+                        online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t,
+                                       scale_log2);
+                        wgmma_wait<0>();
+                        fence_operands<D / 2>(o_acc);
+                        release_v(tile - 1);
+                        rescale_rows<D>(o_acc, alpha);
+                        pack_a_frags<KEY_TILE>(p_frag, s_acc);
+                    }
+                    const __half *v_tile = v_of(n_tiles - 1);
+                    turns.take();
+                    issue_pv<D>(o_acc, p_frag, v_tile);
+                    turns.pass();
+                    wgmma_wait<0>();
+                    fence_operands<D / 2>(o_acc);
+                    release_v(n_tiles - 1);
+                } else {
+                    // Each step waits for the one before: S, softmax, P V.
+                    for (int tile = 0; tile < n_tiles; tile++) {
+                        const __half *k_tile = k_of(tile);
+                        turns.take();
+                        issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+                        turns.pass();
+                        wgmma_wait<0>();
+                        fence_operands<KEY_TILE / 2>(s_acc);
+                        release_k(tile);
+                        if (tile == n_tiles - 1) release(q_empty);
+                        online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t,
+                                       scale_log2);
+                        rescale_rows<D>(o_acc, alpha);
+                        pack_a_frags<KEY_TILE>(p_frag, s_acc);
+                        const __half *v_tile = v_of(tile);
+                        turns.take();
+                        issue_pv<D>(o_acc, p_frag, v_tile);
+                        turns.pass();
+                        wgmma_wait<0>();
+                        fence_operands<D / 2>(o_acc);
+                        release_v(tile);
+                    }
+                }
+                ring += n_tiles;
+
+                // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
+                const size_t head = (size_t)head_index * S * D;
 #pragma unroll
-                for (int j = 0; j < D / 8; j++)
-                    *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
-                        __floats2half2_rn(o_acc[4 * j + 2 * r] * inv, o_acc[4 * j + 2 * r + 1] * inv);
-                if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
+                for (int r = 0; r < 2; r++) {
+                    float l = row_sum[r];
+                    l += __shfl_xor_sync(0xffffffffu, l, 1);
+                    l += __shfl_xor_sync(0xffffffffu, l, 2);
+                    const float inv = 1.0f / l;
+                    const int query = first_query + g + 8 * r;
+                    if (query < S) {
+#pragma unroll
+                        for (int j = 0; j < D / 8; j++)
+                            *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
+                                __floats2half2_rn(o_acc[4 * j + 2 * r] * inv, o_acc[4 * j + 2 * r + 1] * inv);
+                        if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
+                    }
+                }
             }
-        }
+        // Group 0 takes the turn the last group passed after its last products, so that no
+        // arrival is left pending on a named barrier when the block exits.
+        if (consumer == 0) turns.take();
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal;
+    (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
+        (void)schedule, (void)kPingPong, (void)kIntraOverlap;
 #endif
 }
 
-template <int D>
+template <int D, int GROUPS>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    using L = FwdLayout<D, GROUPS>;
     const int heads_total = s->batch * s->heads;
     CUtensorMap q_map, k_map, v_map;
-    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, BLOCK_ROWS);
+    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, L::BLOCK_ROWS);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
-    const size_t smem = FwdLayout<D>::bytes;
-    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D>, smem);
+    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS>, L::bytes);
+    int device = 0, sms = 0;
+    if (err == cudaSuccess) err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BLOCK_ROWS), s->heads, s->batch);
-    wgmma_forward<D><<<grid, THREADS, smem, stream>>>(q_map, k_map, v_map, (__half *)t->o, workspace_lse(s, t),
-                                                      s->seq, 1.0f / sqrtf((float)s->dim), s->causal);
+    const Schedule schedule = {ceil_div(s->seq, L::BLOCK_ROWS), heads_total, kPersistent && s->causal};
+    const int blocks = kPersistent ? min(schedule.units(), sms) : schedule.units();  // one block per SM fits
+    wgmma_forward<D, GROUPS><<<blocks, L::THREADS, L::bytes, stream>>>(
+        q_map, k_map, v_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
+        schedule);
     return cudaGetLastError();
 }
 
 cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    return s->dim == 64 ? launch_forward<64>(s, t, stream) : launch_forward<128>(s, t, stream);
+    if (s->dim == 128) return launch_forward<128, 2>(s, t, stream);
+    return s->causal ? launch_forward<64, 2>(s, t, stream) : launch_forward<64, CONSUMERS_D64>(s, t, stream);
 }
 
 static size_t shared_bytes(const attn_shape *s) {
-    const size_t fwd = s->dim == 64 ? FwdLayout<64>::bytes : FwdLayout<128>::bytes;
+    const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes
+                       : s->causal   ? FwdLayout<64, 2>::bytes
+                                     : FwdLayout<64, CONSUMERS_D64>::bytes;
     const size_t bwd = stage09_backward_shared_bytes(s);
     return fwd > bwd ? fwd : bwd;
 }
