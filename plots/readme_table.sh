@@ -101,28 +101,31 @@ stage_table() {
 
 # A stage's TFLOP/s over a peer's, shape by shape, at S = 2048 ... 16384 (forward): the stage's
 # target against the flash backend; the lowest ratio in bold.
-ratio_table() {
-    local stage=$1 peer=$2
+ratio_table() {  # ratio_table STAGE PEER [fwd|bwd] [FIRST_S]
+    local stage=$1 peer=$2 direction=${3:-fwd} first=${4:-2048}
     [ -f "$csv" ] || { echo "_No H100 measurements committed yet ($csv)._"; return 0; }
-    awk -F, -v stage="$stage" -v peer="$peer" '
+    awk -F, -v stage="$stage" -v peer="$peer" -v direction="$direction" -v first="$first" '
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-    $col["direction"] == "fwd" && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 && $col["seq"] >= 2048 {
+    $col["direction"] == direction && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 && $col["seq"] >= first + 0 {
         tf[$col["stage"], $col["seq"], $col["dim"], $col["causal"]] = $col["tflops"]
     }
     END {
         low = 1e9
-        for (D = 64; D <= 128; D += 64) for (c = 0; c <= 1; c++) for (S = 2048; S <= 16384; S *= 2)
+        for (D = 64; D <= 128; D += 64) for (c = 0; c <= 1; c++) for (S = first; S <= 16384; S *= 2)
             if ((stage, S, D, c) in tf && (peer, S, D, c) in tf) {
                 r[S, D, c] = tf[stage, S, D, c] / tf[peer, S, D, c]
                 if (r[S, D, c] < low) { low = r[S, D, c]; at = S SUBSEP D SUBSEP c }
             }
-        print "Ratios " stage " / " peer ", forward, from the same run (`" FILENAME "`); the lowest in bold:"
+        print "Ratios " stage " / " peer ", " (direction == "fwd" ? "forward" : "backward") ", from the same run (`" FILENAME "`); the lowest in bold:"
         print ""
-        print "| " stage " / " peer " | S = 2048 | 4096 | 8192 | 16384 |"
-        print "|---|---:|---:|---:|---:|"
+        header = "| " stage " / " peer
+        for (S = first; S <= 16384; S *= 2) header = header (S == first ? " | S = " : " | ") S
+        print header " |"
+        rule = "|---"; for (S = first; S <= 16384; S *= 2) rule = rule "|---:"
+        print rule "|"
         for (c = 0; c <= 1; c++) for (D = 64; D <= 128; D += 64) {
             line = "| D = " D (c ? " causal" : "")
-            for (S = 2048; S <= 16384; S *= 2) {
+            for (S = first; S <= 16384; S *= 2) {
                 if (!((S, D, c) in r)) { line = line " | -"; continue }
                 x = sprintf("%.3f", r[S, D, c])
                 line = line " | " ((S SUBSEP D SUBSEP c) == at ? "**" x "**" : x)
@@ -481,6 +484,8 @@ course_table | process README.md course
 ceilings_table | process docs/h100.md ceilings
 occupancy_table | process stages/04_smem_state/README.md 04_smem_state:occupancy
 ratio_table 07_swizzle_cp_async sdpa_flash | process stages/07_swizzle_cp_async/README.md 07_swizzle_cp_async:vs_flash
+ratio_table 09_tma_wgmma sdpa_cudnn fwd 1024 | process stages/09_tma_wgmma/README.md 09_tma_wgmma:vs_cudnn
+ratio_table 09_tma_wgmma sdpa_cudnn bwd 2048 | process stages/09_tma_wgmma/README.md 09_tma_wgmma:bwd_vs_cudnn
 roofline_table | process README.md roofline
 training_table | process README.md training
 training_table | process python/README.md training
