@@ -37,9 +37,12 @@
 #include "wgmma_ptx.cuh"
 
 // The switches, each flipped by one ablation build (ablations.txt).
+// Consumer warpgroups take turns to issue their products (1), or issue when ready (0).
 #ifndef PINGPONG
 #define PINGPONG 0
 #endif
+// S of key tile n issued before P V of tile n - 1, the softmax under it (1), or each step
+// waiting for the one before (0).
 #ifndef INTRA_OVERLAP
 #define INTRA_OVERLAP 1
 #endif
@@ -70,7 +73,6 @@ constexpr bool kIntraOverlap = INTRA_OVERLAP;
 constexpr bool kEx2Approx = EX2_APPROX;
 constexpr bool kPersistent = PERSISTENT;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
-
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
 #define KEY_TILE 128
