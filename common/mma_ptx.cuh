@@ -221,14 +221,25 @@ __device__ inline void mbarrier_arrive(uint64_t *bar) {
 __device__ inline void cp_async_mbarrier_arrive(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
-// Wait until the phase with parity `parity` has completed.
+// Wait until the phase with parity `parity` has completed. SUSPEND = false polls with test_wait
+// (sm_80+). SUSPEND = true uses try_wait (sm_90+): a thread whose phase is not complete yet may be
+// suspended by the hardware until it completes (or a time limit passes) instead of spinning, so a
+// waiting warp leaves its issue slots to the others.
+template <bool SUSPEND = false>
 __device__ inline void mbarrier_wait(uint64_t *bar, unsigned parity) {
     uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_address(bar)), "r"(parity)
-                     : "memory");
+    while (!done) {
+        if constexpr (SUSPEND)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(smem_address(bar)), "r"(parity)
+                         : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(smem_address(bar)), "r"(parity)
+                         : "memory");
+    }
 }
 
 #endif

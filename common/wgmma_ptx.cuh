@@ -80,19 +80,6 @@ __device__ inline void init_tma_ring(uint64_t *full, uint64_t *empty, int stages
     __syncthreads();
 }
 
-// Wait until the phase with parity `parity` of `bar` has completed, as mbarrier_wait does, but
-// with try_wait (sm_90): a thread whose phase is not complete yet may be suspended by the
-// hardware until it completes (or a time limit passes) instead of spinning, so a waiting
-// warpgroup leaves its issue slots to the others.
-__device__ inline void mbarrier_wait_suspend(uint64_t *bar, unsigned parity) {
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_address(bar)), "r"(parity)
-                     : "memory");
-}
-
 // Named barriers (bar.sync / bar.arrive with an id, 1..15; id 0 is __syncthreads): `threads`
 // counts every thread that takes part, those that wait (sync) and those that only signal
 // (arrive). Used to order warpgroups against each other without stopping the whole block.

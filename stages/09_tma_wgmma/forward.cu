@@ -242,7 +242,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     const int q0 = schedule.q_block(unit, i, causal) * BLOCK_ROWS, head_index = schedule.head(unit);
                     const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
                     // The previous query tile's last S = Q Kᵀ must be done before Q is overwritten.
-                    if (tiles_done > 0) mbarrier_wait_suspend(q_empty, (tiles_done - 1) & 1);
+                    if (tiles_done > 0) mbarrier_wait<true>(q_empty, (tiles_done - 1) & 1);
                     mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
                     for (int c = 0; c < D / SLAB; c++)
                         tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
@@ -250,12 +250,12 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                         const int slot = ring % STAGES;
                         const unsigned parity = (ring / STAGES - 1) & 1;
                         const int row = tile * KEY_TILE;
-                        if (ring >= STAGES) mbarrier_wait_suspend(&k_empty[slot], parity);
+                        if (ring >= STAGES) mbarrier_wait<true>(&k_empty[slot], parity);
                         mbarrier_arrive_expect_tx(&k_full[slot], sizeof(__half) * L::TILE_ELEMS);
                         for (int c = 0; c < D / SLAB; c++)
                             tma_load_3d(k_ring + slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &k_map, c * SLAB, row,
                                         head_index, &k_full[slot]);
-                        if (ring >= STAGES) mbarrier_wait_suspend(&v_empty[slot], parity);
+                        if (ring >= STAGES) mbarrier_wait<true>(&v_empty[slot], parity);
                         mbarrier_arrive_expect_tx(&v_full[slot], sizeof(__half) * L::TILE_ELEMS);
                         for (int c = 0; c < D / SLAB; c++)
                             tma_load_3d(v_ring + slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &v_map, c * SLAB, row,
@@ -277,11 +277,11 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // Ring slots of the query tile's key tile n: wait for K (or V) to land; release them (one
         // arrival per warp) once their last reader, S = Q Kᵀ (or P V), has completed.
         auto k_of = [&](int n) {
-            mbarrier_wait_suspend(&k_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
+            mbarrier_wait<true>(&k_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
             return k_ring + (ring + n) % STAGES * L::TILE_ELEMS;
         };
         auto v_of = [&](int n) {
-            mbarrier_wait_suspend(&v_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
+            mbarrier_wait<true>(&v_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
             return v_ring + (ring + n) % STAGES * L::TILE_ELEMS;
         };
         auto release = [&](uint64_t *bar) {
@@ -302,7 +302,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
                 float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
                 uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
-                mbarrier_wait_suspend(q_full, tiles_done & 1);
+                mbarrier_wait<true>(q_full, tiles_done & 1);
 
                 if constexpr (kIntraOverlap) {
                     // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
