@@ -26,4 +26,19 @@ static inline void launch_backward_delta(const attn_shape *s, const attn_tensors
         (const __half *)t->o, (const __half *)t->d_o, scratch_delta(s, t), rows, s->dim);
 }
 
+// dQ = scale * the float sums of an atomic dQ (scratch_dq_accum, kernel_common.cuh), as fp16; n
+// is even (D is).
+static __global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n, float scale) {
+    for (size_t i = 2 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 2 * (size_t)gridDim.x * blockDim.x) {
+        const float2 x = *(const float2 *)(dq_accum + i);
+        *(__half2 *)(dq + i) = __floats2half2_rn(x.x * scale, x.y * scale);
+    }
+}
+
+// Enqueues backward_dq_convert over the whole dQ.
+static inline void launch_backward_dq_convert(const attn_shape *s, const attn_tensors *t, float scale,
+                                              cudaStream_t stream) {
+    backward_dq_convert<<<1024, 256, 0, stream>>>(scratch_dq_accum(s, t), (__half *)t->dq, attn_elems(s), scale);
+}
+
 #endif

@@ -96,9 +96,17 @@ inline size_t lse_workspace_bytes(const attn_shape *s) { return sizeof(float) * 
 inline float *workspace_lse(const attn_shape *, const attn_tensors *t) { return (float *)t->workspace; }
 
 // The backward's scratch starts with delta_i = rowsum(dO * O), delta[B*H*S] (float), which the
-// backward computes first (backward_common.cuh) and which dies with it; a stage may put more after
-// it (stage 08's float dQ).
+// backward computes first (backward_common.cuh) and which dies with it. A backward that sums dQ
+// across blocks with atomics puts a float dQ accumulator [B, H, S, D] after it, 256-byte aligned
+// for the vector atomics (backward_common.cuh turns it into fp16).
 inline size_t delta_scratch_bytes(const attn_shape *s) { return sizeof(float) * attention_rows(s); }
 inline float *scratch_delta(const attn_shape *, const attn_tensors *t) { return (float *)t->backward_scratch; }
+inline size_t dq_accum_offset(const attn_shape *s) { return (delta_scratch_bytes(s) + 255) / 256 * 256; }
+inline size_t delta_and_dq_accum_scratch_bytes(const attn_shape *s) {
+    return dq_accum_offset(s) + sizeof(float) * attn_elems(s);
+}
+inline float *scratch_dq_accum(const attn_shape *s, const attn_tensors *t) {
+    return (float *)((char *)t->backward_scratch + dq_accum_offset(s));
+}
 
 #endif

@@ -152,14 +152,6 @@ __device__ inline void zero(float acc[RT][N][4]) {
         for (int n = 0; n < N; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 }
 
-// dQ = scale * the float sums of the atomic path, as fp16; n is even (D is).
-__global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n, float scale) {
-    for (size_t i = 2 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 2 * (size_t)gridDim.x * blockDim.x) {
-        const float2 x = *(const float2 *)(dq_accum + i);
-        *(__half2 *)(dq + i) = __floats2half2_rn(x.x * scale, x.y * scale);
-    }
-}
-
 // Warp-tile products, on swizzled tiles in shared memory: acc is MT x NT blocks of 16 x 8, summed
 // over K. The operands are given by this lane's address of the warp tile's first fragment
 // (a_frag_address and friends, mma_ptx.cuh), and every other fragment is a swizzled_step away.
@@ -313,11 +305,9 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
         for (int n = 0; n < SDP_NT / 2; n++) load_b_frags_of_rows<D>(v_frags[kk][n], v_stage, sdp_col0 + 16 * n, 16 * kk, lane);
     __syncthreads();  // the ring's memory is free for the query tiles
 
-    for (int s = 0; s < 2; s++) {
-        if (first_tile + s < n_tiles)
-            load_query_tile<D, QT, kCopyThreads>(ring + s * L::SLOT, q + head, d_o + head, lse_head, delta_head, first_tile + s, S);
-        cp_async_commit();
-    }
+    if (first_tile < n_tiles)
+        load_query_tile<D, QT, kCopyThreads>(ring, q + head, d_o + head, lse_head, delta_head, first_tile, S);
+    cp_async_commit();
 
     // This lane's fragment addresses, computed once (the swizzle's arithmetic stays out of the
     // loop): S's A = Q and dP's A = dO (of slot 0; a slot is SLOT bytes further), S's B = K; dV's
@@ -337,8 +327,15 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
     zero<2, KV_NT>(dv_acc);
 
     for (int tile = first_tile; tile < n_tiles; tile++) {
-        cp_async_wait<1>();
+        // One barrier makes this tile's copies visible to every warp and tells that every warp is
+        // done with the previous tile: its slot, P and dS. The next tile's copies then go into
+        // that slot and land while this one is computed.
+        cp_async_wait<0>();
         __syncthreads();
+        if (tile + 1 < n_tiles)
+            load_query_tile<D, QT, kCopyThreads>(ring + ((tile + 1 - first_tile) % 2) * L::SLOT, q + head, d_o + head,
+                                                 lse_head, delta_head, tile + 1, S);
+        cp_async_commit();
         const uint32_t slot_offset = ((tile - first_tile) % 2) * L::SLOT;
         unsigned char *slot = ring + slot_offset;
         const __half *do_tile = (const __half *)slot + QT * D;
@@ -391,10 +388,6 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
                             atomic_add_float2<kVectorAtomics>(dq_rows + (16 * m + 8 * r) * D + 8 * n,
                                                               make_float2(dq_acc[m][n][2 * r], dq_acc[m][n][2 * r + 1]));
         }
-
-        __syncthreads();  // everyone is done with this slot and with P and dS: refill it with tile + 2
-        if (tile + 2 < n_tiles) load_query_tile<D, QT, kCopyThreads>(slot, q + head, d_o + head, lse_head, delta_head, tile + 2, S);
-        cp_async_commit();
     }
     cp_async_wait<0>();
 
@@ -488,10 +481,6 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
     store_warp_tile<D, RT, D / 8>(dq + head, dq_acc, scale, warp_query0, 0, S, lane);
 }
 
-// The backward's scratch: delta (kernel_common.cuh), then, when dQ is accumulated with atomics,
-// the float dQ, 256-byte aligned for the vector atomics.
-static size_t dq_accum_offset(const attn_shape *s) { return (delta_scratch_bytes(s) + 255) / 256 * 256; }
-
 // Atomic dQ pays where one instruction adds 2 floats (sm_90 and newer). With one float per atomic
 // it is slower than the deterministic kernel on the H100 (lesson: bwd_scalar_atomics), so GPUs
 // before sm_90 take the deterministic kernel. -DVECTOR_ATOMICS=0 forces scalar atomics everywhere,
@@ -509,7 +498,7 @@ static bool dq_by_atomics() {
 // Sized by the build (kAtomicDq), not by dq_by_atomics(): the size must not depend on which
 // device happens to be current when a caller asks for it.
 size_t stage08_backward_scratch_bytes(const attn_shape *s) {
-    return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * attn_elems(s) : delta_scratch_bytes(s);
+    return kAtomicDq ? delta_and_dq_accum_scratch_bytes(s) : delta_scratch_bytes(s);
 }
 
 template <int D>
@@ -527,7 +516,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     using DkDv = DkDvConfig<D>;
     using Dq = DqConfig<D>;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
-    float *dq_accum = ATOMIC ? (float *)((char *)t->backward_scratch + dq_accum_offset(s)) : NULL;
+    float *dq_accum = ATOMIC ? scratch_dq_accum(s, t) : NULL;
     launch_backward_delta(s, t, stream);
     cudaError_t err = allow_dynamic_smem(backward_dk_dv<D, ATOMIC>, DkDv::bytes);
     if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
@@ -540,7 +529,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
                                 stream>>>(q, k, v, d_o, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq,
                                           scale, s->causal);
     if (ATOMIC) {
-        backward_dq_convert<<<1024, 256, 0, stream>>>(dq_accum, (__half *)t->dq, attn_elems(s), scale);
+        launch_backward_dq_convert(s, t, scale, stream);
     } else {
         backward_dq<D><<<dim3(ceil_div(s->seq, Dq::OWN), s->heads, s->batch), BWD_THREADS, Dq::bytes, stream>>>(
             q, k, v, d_o, lse, delta, (__half *)t->dq, s->seq, scale, s->causal);
