@@ -90,6 +90,11 @@ __device__ inline void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Orders this thread's earlier generic-proxy writes to shared memory (st.shared) before later
+// async-proxy reads of it (wgmma, TMA): a tile written by the threads themselves needs it, then a
+// barrier, before a wgmma reads the tile.
+__device__ inline void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // Give registers back (producer) or take them (consumers); a whole warpgroup executes it.
 template <int N>
 __device__ inline void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -204,6 +209,42 @@ __device__ inline void wgmma_m64k16_rs_tn(float *d, const uint32_t a[4], uint64_
         wgmma_m64n64k16_rs_tn(d, a, desc_b);
     else
         wgmma_m64n128k16_rs_tn(d, a, desc_b);
+}
+
+// D[64 x 32] (+)= A B, A and B both from shared memory, A M-major (imm-trans-a = 1: A's columns
+// are the tile's rows, as dS's are in a stored dSᵀ) and B N-major (imm-trans-b = 1).
+__device__ inline void wgmma_m64n32k16_ss_tt(float d[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D[64 x 64] (+)= A B, A and B both from shared memory, A M-major (imm-trans-a = 1: A's columns
+// are the tile's rows, as dS's are in a stored dSᵀ) and B N-major (imm-trans-b = 1).
+__device__ inline void wgmma_m64n64k16_ss_tt(float d[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// The same, N picked at compile time (32 or 64).
+template <int N>
+__device__ inline void wgmma_m64k16_ss_tt(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    if constexpr (N == 32)
+        wgmma_m64n32k16_ss_tt(d, desc_a, desc_b, scale_d);
+    else
+        wgmma_m64n64k16_ss_tt(d, desc_a, desc_b, scale_d);
 }
 
 // Descriptors of the k-th 16-wide step of an operand kept in a [D/64][ROWS][64] swizzled tile.

@@ -1,24 +1,29 @@
 // Stage 09, backward - FlashAttention-2's backward pass on Hopper: wgmma, a TMA producer
-// warpgroup and two consumer warpgroups per block (the forward's structure), in three kernels
-// and with no atomics.
+// warpgroup and two consumer warpgroups per block (the forward's structure).
 //
 // The idea: the forward saved only O and each row's log-sum-exp, so P is recomputed tile by tile
 // (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
 //   D_i = rowsum(dO ∘ O)      (backward_delta, a small pre-pass)
-//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - D),  dK += dSᵀ Q     (backward_dk_dv)
-//   dP = dO Vᵀ,   dS = P ∘ (dP - D),  dQ += dS K                        (backward_dq)
+//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - D),  dK += dSᵀ Q,  dQ += dS K
 // backward_dk_dv gives each block 128 keys (64 per consumer warpgroup) and walks over the query
-// tiles, holding dK and dV in registers; backward_dq gives each block 128 queries and walks over
-// the key tiles, holding dQ. Each block owns its output rows, so nothing is accumulated across
-// blocks: no atomics, and the result is deterministic. The price is that S and dP are computed
-// twice (once per kernel): 7 matrix products instead of FlashAttention-2's 5, which instead adds
-// dQ with atomics from the dK/dV kernel. The two products that read only shared memory (S or Sᵀ,
-// dP or dPᵀ) are issued together; the accumulators Pᵀ, dSᵀ and dS then become the A operands
-// of the next products straight from registers.
+// tiles, holding dK and dV in registers. Everything is computed transposed (keys as rows), so Pᵀ
+// and dSᵀ come out as accumulators that are the A operands of dV += Pᵀ dO and dK += dSᵀ Q straight
+// from registers. dQ's rows are queries, which every key block touches, so dQ is summed across
+// blocks in one of two ways (kAtomicDq):
+//   deterministic (as built, measured faster here): backward_dq gives each block 128 queries and
+//     walks over the key tiles, recomputing S and dP, and owns its dQ rows: seven products, no
+//     atomics, the same bits on every run.
+//   atomics (-DATOMIC_DQ=1): dSᵀ also goes to shared memory, where the wgmma of dQ += dS K reads
+//     it transposed; each warpgroup takes half of dQ's columns over all 128 keys and adds them to
+//     a float dQ in global memory (red.global.add.v2.f32), which backward_dq_convert turns into
+//     fp16. Five products; the order of the adds varies from run to run, so dQ's last bits do.
+// In a tile, S (or Sᵀ) and dP (or dPᵀ) are two wgmma groups: the exponentials of P run while the
+// tensor cores compute dP.
 // What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
-// warpgroup and setmaxnreg instead of a block-wide cp.async ring; 128-row blocks; dQ only by the
-// second kernel (no atomics variant). The math is the same.
-// Limits: Hopper only; the walked tile is 64 rows, and a consumer waits for each product.
+// warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers.
+// Limits: Hopper only; the walked tile is 64 rows; a consumer waits for each tile's dV, dK (and
+// dQ) products before the next tile's S; backward_dk_dv<128> spills 8 bytes (its lse and delta
+// of a walked tile are held in registers).
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -32,12 +37,22 @@
 #define BWD_THREADS (128 * (BWD_GROUPS + 1))
 #define BWD_STAGES 2
 
+// dQ by atomics from the dK/dV kernel (1), or by the second, deterministic kernel (0: measured
+// faster here, lesson).
+#ifndef ATOMIC_DQ
+#define ATOMIC_DQ 0
+#endif
+constexpr bool kAtomicDq = ATOMIC_DQ;
+
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
-// ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, then the mbarriers.
+// ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, with atomic dQ two [BWD_OWN][64]
+// tiles of dSᵀ (keys as rows; one per walked tile, alternating), then the mbarriers.
 template <int D> struct BwdLayout {
     static constexpr int OWN_ELEMS = BWD_OWN * D;
     static constexpr int WALK_ELEMS = BWD_WALK * D;
-    static constexpr size_t bytes = 1024 + sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS) +
+    static constexpr int DS_ELEMS = kAtomicDq ? BWD_OWN * BWD_WALK : 0;
+    static constexpr size_t bytes = 1024 +
+                                    sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
                                     sizeof(uint64_t) * (2 * BWD_STAGES + 1);
 };
 
@@ -46,6 +61,7 @@ template <int D> struct BwdLayout {
 // two walked tensors into ring slot i % BWD_STAGES.
 struct BwdSmem {
     __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [BWD_STAGES][tile]
+    __half *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
     uint64_t *full, *empty, *own_full;
 };
 
@@ -57,7 +73,8 @@ __device__ inline BwdSmem bwd_smem(unsigned char *raw) {
     m.own_b = m.own_a + L::OWN_ELEMS;
     m.walk_a = m.own_b + L::OWN_ELEMS;
     m.walk_b = m.walk_a + BWD_STAGES * L::WALK_ELEMS;
-    m.full = (uint64_t *)(m.walk_b + BWD_STAGES * L::WALK_ELEMS);
+    m.ds = m.walk_b + BWD_STAGES * L::WALK_ELEMS;
+    m.full = (uint64_t *)(m.ds + 2 * L::DS_ELEMS);
     m.empty = m.full + BWD_STAGES;
     m.own_full = m.empty + BWD_STAGES;
     return m;
@@ -121,14 +138,33 @@ __device__ inline void store_rows(__half *dst, const float acc[D / 2], float fac
     }
 }
 
-// dK, dV for BWD_OWN keys per block; query tiles (Q and dO) stream through the ring. Everything is
-// computed transposed (keys as rows), so that Pᵀ and dSᵀ come out as accumulators with keys as
-// rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
-template <int D>
+// The 16-row half-pairs of an fp16 A operand (pack_a_frags) are the values of dSᵀ this thread
+// holds: frag[kk][i] is row g + 8 (i % 2) of the warp's 16, columns 16 kk + 8 (i / 2) + 2t, +1.
+// They go to a 128-byte-swizzled [rows][64] tile at the warp's first row (ds_row0): 16-byte chunk
+// c of row r at c ^ (r % 8), as TMA would have written it, so a wgmma descriptor can read it.
+__device__ inline void store_ds_frags(__half *ds_tile, int ds_row0, const uint32_t frag[BWD_WALK / 16][4], int lane) {
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t row_address = smem_address(ds_tile + (ds_row0 + g) * 64) + 4 * t;
+#pragma unroll
+    for (int kk = 0; kk < BWD_WALK / 16; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int chunk = 2 * kk + i / 2;  // row % 8 is g: rows start at multiples of 8
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_address + 1024 * (i % 2) + ((chunk ^ g) << 4)),
+                         "r"(frag[kk][i])
+                         : "memory");
+        }
+}
+
+// dK, dV (and with ATOMIC dQ's share) for BWD_OWN keys per block; query tiles (Q and dO) stream
+// through the ring. Everything is computed transposed (keys as rows), so that Pᵀ and dSᵀ come out
+// as accumulators with keys as rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
+template <int D, bool ATOMIC>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-               const float *lse_log2, const float *delta, __half *dk, __half *dv, int S, float scale, int causal) {
+               const float *lse_log2, const float *delta, __half *dk, __half *dv, float *dq_accum, int S,
+               float scale, int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem m = bwd_smem<D>(smem_raw);  // own: K, V; walked: Q, dO
@@ -145,9 +181,15 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     } else {
         setmaxnreg_inc<240>();
         const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + (threadIdx.x % 128) / 32 * 16;
+        const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
+        const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + warp_row0;
         const float scale_log2 = scale * 1.4426950408889634f;
         const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
+        // dQ (queries x D) of a walked tile: this warpgroup's D/2 columns from dq_col0, over all
+        // 128 keys: B = K's rows (N-major), starting dq_col0 columns into the owned K tile.
+        constexpr int DQ_COLS = D / 2;
+        const int dq_col0 = consumer * DQ_COLS;
+        const __half *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_col0 % 64;
         float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
@@ -169,33 +211,80 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 }
             mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
 
-            float st_acc[32], dpt_acc[32];  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 64 keys x 64 queries
+            // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) as two groups: Pᵀ is computed while
+            // the tensor cores work on dPᵀ.
+            float st_acc[32], dpt_acc[32];
             wgmma_fence();
             product_abt<D>(st_acc, m.own_a, group_row0, q_tile);
+            wgmma_commit();
             product_abt<D>(dpt_acc, m.own_b, group_row0, do_tile);
             wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<32>(st_acc), fence_operands<32>(dpt_acc);
-
-            // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ - D), in place; masked entries (causal, or queries past S) are 0.
+            wgmma_wait<1>();
+            fence_operands<32>(st_acc);
+            // Pᵀ in place. A key after its query (causal) is masked only in the tiles that reach
+            // the block's keys; queries past S have lse = infinity, so P = 0 there already.
+            const bool diagonal = causal && q_start < k0 + BWD_OWN;
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
-                    float p = exp2f(st_acc[4 * j + e] * scale_log2 - col_lse[2 * j + (e & 1)]);
-                    if (causal && key > query) p = 0.0f;
-                    st_acc[4 * j + e] = p;
-                    dpt_acc[4 * j + e] = p * (dpt_acc[4 * j + e] - col_delta[2 * j + (e & 1)]);
+                    const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - col_lse[2 * j + (e & 1)]);
+                    st_acc[4 * j + e] = diagonal && key > query ? 0.0f : p;
                 }
+            wgmma_wait<0>();
+            fence_operands<32>(dpt_acc);
+            // dSᵀ = Pᵀ ∘ (dPᵀ - D), in place.
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dpt_acc[4 * j + e] = st_acc[4 * j + e] * (dpt_acc[4 * j + e] - col_delta[2 * j + (e & 1)]);
+            uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
+            pack_a_frags<BWD_WALK>(pt_frag, st_acc);
+            pack_a_frags<BWD_WALK>(dst_frag, dpt_acc);
+            __half *ds_tile = m.ds + (tile % 2) * BwdLayout<D>::DS_ELEMS;
+            if constexpr (ATOMIC) {
+                // dSᵀ to shared memory before the wgmma that reads dst_frag is issued (registers
+                // of an A operand must not be touched while it runs).
+                store_ds_frags(ds_tile, group_row0 + warp_row0, dst_frag, lane);
+                fence_proxy_async_shared();
+            }
             wgmma_fence();
-            product_acc_b<D>(dv_acc, st_acc, do_tile);   // dV += Pᵀ dO
-            product_acc_b<D>(dk_acc, dpt_acc, q_tile);   // dK += dSᵀ Q
+#pragma unroll
+            for (int kk = 0; kk < BWD_WALK / 16; kk++) {
+                wgmma_m64k16_rs_tn<D>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk));   // dV += Pᵀ dO
+                wgmma_m64k16_rs_tn<D>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk));  // dK += dSᵀ Q
+            }
             wgmma_commit();
+            float dq_acc[DQ_COLS / 2];
+            if constexpr (ATOMIC) {
+                // Both warpgroups' dSᵀ are in the tile: dQ += dS K for this group's columns. The
+                // other dSᵀ tile is written next, so this one is free again once both groups have
+                // passed the next tile's barrier.
+                named_barrier_sync(1, 128 * BWD_GROUPS);
+#pragma unroll
+                for (int kk = 0; kk < BWD_OWN / 16; kk++)
+                    wgmma_m64k16_ss_tt<DQ_COLS>(dq_acc, desc_n_major<BWD_OWN>(ds_tile, kk),
+                                                desc_n_major<BWD_OWN>(k_cols, kk), kk > 0);
+                wgmma_commit();
+            }
             wgmma_wait<0>();
             fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
             __syncwarp();
             if (lane == 0) mbarrier_arrive(&m.empty[slot]);
+            if constexpr (ATOMIC) {
+                fence_operands<DQ_COLS / 2>(dq_acc);
+                // Rows g and g + 8 of this warp's 16 queries, past S not added.
+                float *dq_rows = dq_accum + ((size_t)head_index * S + q_start + warp_row0 + g) * D + dq_col0 + 2 * t;
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    if (q_start + warp_row0 + g + 8 * r < S)
+#pragma unroll
+                        for (int j = 0; j < DQ_COLS / 8; j++)
+                            atomic_add_float2<true>(dq_rows + 8 * r * D + 8 * j,
+                                                    make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]));
+            }
         }
         const size_t head = (size_t)head_index * S * D;
         store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
@@ -203,7 +292,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dk, (void)dv;
-    (void)S, (void)scale, (void)causal;
+    (void)dq_accum, (void)S, (void)scale, (void)causal;
 #endif
 }
 
@@ -248,24 +337,32 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
             const __half *v_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
             mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
 
-            float s_acc[32], dp_acc[32];  // S = Q Kᵀ and dP = dO Vᵀ, 64 queries x 64 keys
+            // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) as two groups: P is computed while
+            // the tensor cores work on dP.
+            float s_acc[32], dp_acc[32];
             wgmma_fence();
             product_abt<D>(s_acc, m.own_a, group_row0, k_tile);
+            wgmma_commit();
             product_abt<D>(dp_acc, m.own_b, group_row0, v_tile);
             wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<32>(s_acc), fence_operands<32>(dp_acc);
-
-            // dS = P ∘ (dP - D), in place in s_acc; masked keys (past S, or causal) give 0.
+            wgmma_wait<1>();
+            fence_operands<32>(s_acc);
+            // P in place; masked keys (past S, or causal) give 0.
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e / 2, key = k0 + 8 * j + 2 * t + (e & 1), query = warp_query0 + g + 8 * r;
-                    float p = exp2f(s_acc[4 * j + e] * scale_log2 - row_lse[r]);
-                    if (key >= S || (causal && key > query)) p = 0.0f;
-                    s_acc[4 * j + e] = p * (dp_acc[4 * j + e] - row_delta[r]);
+                    const float p = exp2_approx(s_acc[4 * j + e] * scale_log2 - row_lse[r]);
+                    s_acc[4 * j + e] = key >= S || (causal && key > query) ? 0.0f : p;
                 }
+            wgmma_wait<0>();
+            fence_operands<32>(dp_acc);
+            // dS = P ∘ (dP - D), in place in s_acc.
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s_acc[4 * j + e] *= dp_acc[4 * j + e] - row_delta[e / 2];
             wgmma_fence();
             product_acc_b<D>(dq_acc, s_acc, k_tile);  // dQ += dS K
             wgmma_commit();
@@ -286,6 +383,7 @@ template <int D>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     const int heads_total = s->batch * s->heads;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
+    float *dq_accum = kAtomicDq ? scratch_dq_accum(s, t) : NULL;
     launch_backward_delta(s, t, stream);
     // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
     CUtensorMap own[4], walk[4];  // q, k, v, do
@@ -296,21 +394,27 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         if (err == cudaSuccess) err = make_tensor_map_bhsd(&walk[i], tensors[i], heads_total, s->seq, D, BWD_WALK);
     }
     const size_t smem = BwdLayout<D>::bytes;
-    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D>, smem);
-    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dq<D>, smem);
+    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D, kAtomicDq>, smem);
+    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, smem);
+    if (err == cudaSuccess && kAtomicDq) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * attn_elems(s), stream);
     if (err != cudaSuccess) return err;
     const dim3 grid(ceil_div(s->seq, BWD_OWN), s->heads, s->batch);
     const float scale = 1.0f / sqrtf((float)D);
-    backward_dk_dv<D><<<grid, BWD_THREADS, smem, stream>>>(walk[0], own[1], own[2], walk[3], lse, delta,
-                                                           (__half *)t->dk, (__half *)t->dv, s->seq, scale,
-                                                           s->causal);
-    backward_dq<D><<<grid, BWD_THREADS, smem, stream>>>(own[0], walk[1], walk[2], own[3], lse, delta,
-                                                        (__half *)t->dq, s->seq, scale, s->causal);
+    backward_dk_dv<D, kAtomicDq><<<grid, BWD_THREADS, smem, stream>>>(walk[0], own[1], own[2], walk[3], lse, delta,
+                                                                      (__half *)t->dk, (__half *)t->dv, dq_accum,
+                                                                      s->seq, scale, s->causal);
+    if (kAtomicDq)
+        launch_backward_dq_convert(s, t, scale, stream);
+    else
+        backward_dq<D><<<grid, BWD_THREADS, smem, stream>>>(own[0], walk[1], walk[2], own[3], lse, delta,
+                                                            (__half *)t->dq, s->seq, scale, s->causal);
     return cudaGetLastError();
 }
 
-// The backward's scratch is delta alone: dQ has its own kernel, so no float accumulator.
-size_t stage09_backward_scratch_bytes(const attn_shape *s) { return delta_scratch_bytes(s); }
+// The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ.
+size_t stage09_backward_scratch_bytes(const attn_shape *s) {
+    return kAtomicDq ? delta_and_dq_accum_scratch_bytes(s) : delta_scratch_bytes(s);
+}
 
 size_t stage09_backward_shared_bytes(const attn_shape *s) {
     return s->dim == 64 ? BwdLayout<64>::bytes : BwdLayout<128>::bytes;

@@ -46,6 +46,12 @@
 #ifndef INTRA_OVERLAP
 #define INTRA_OVERLAP 1
 #endif
+// The overlap with three consumer warpgroups too (1), or with two only (0, measured faster: with
+// three, the other groups' products already fill the tensor cores while one runs its softmax,
+// and the overlap's second S in flight costs registers and instructions that 160 a thread lack).
+#ifndef OVERLAP_THREE_GROUPS
+#define OVERLAP_THREE_GROUPS 0
+#endif
 // 2^x as ex2.approx alone (1) or exp2f, with its range test and two multiplies (0).
 #ifndef EX2_APPROX
 #define EX2_APPROX 1
@@ -54,9 +60,11 @@
 #ifndef PERSISTENT
 #define PERSISTENT 1
 #endif
-// Consumer warpgroups (64 query rows each) at D = 64 without a causal mask. Everywhere else two:
-// at D = 128 a consumer's S, O and P alone take 160 registers, all that three groups would leave
-// each; causal, a 192-row block wastes more of its diagonal tiles than three groups win.
+// Consumer warpgroups (64 query rows each) at D = 64 without a causal mask, where their 192-row
+// tiles give every SM one. Everywhere else two: at D = 128 a consumer's S, O and P alone take 160
+// registers, all that three groups would leave each; causal, a 192-row block wastes more of its
+// diagonal tiles than three groups win; and a problem too small to fill the GPU with 192-row
+// tiles is better cut into more, shorter blocks.
 #ifndef CONSUMERS_D64
 #define CONSUMERS_D64 3
 #endif
@@ -70,6 +78,7 @@
 #endif
 constexpr bool kPingPong = PINGPONG;
 constexpr bool kIntraOverlap = INTRA_OVERLAP;
+constexpr bool kOverlapThreeGroups = OVERLAP_THREE_GROUPS;
 constexpr bool kEx2Approx = EX2_APPROX;
 constexpr bool kPersistent = PERSISTENT;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
@@ -184,9 +193,11 @@ template <int GROUPS> struct Turns {
 
 // Which query tiles a block computes. The work is cut into units; block b takes units b,
 // b + gridDim.x, ... (one unit per block when not persistent). A unit is one query tile, except
-// in a persistent causal launch: there the tile with the most keys of a head is paired with the
-// one with the fewest, the second-most with the second-fewest, and so on, so that every unit
-// (but a lone middle tile) walks n_qblocks + 1 key tiles and a static round-robin is balanced.
+// in a persistent causal launch with more tiles than SMs: there the tile with the most keys of a
+// head is paired with the one with the fewest, the second-most with the second-fewest, and so on,
+// so that every unit (but a lone middle tile) walks n_qblocks + 1 key tiles and a static
+// round-robin is balanced. With fewer tiles than SMs, pairs would only put two tiles one after
+// the other on an SM while others idle, so every tile is its own unit, longest first.
 // Units run head by head, so the blocks at work at any moment read the K and V of few heads,
 // which stay in L2.
 struct Schedule {
@@ -304,7 +315,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
                 mbarrier_wait<true>(q_full, tiles_done & 1);
 
-                if constexpr (kIntraOverlap) {
+                if constexpr (kIntraOverlap && (GROUPS == 2 || kOverlapThreeGroups)) {
                     // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
                     // P_{n-1} V_{n-1}; wait for S_n only (the older group) and run its softmax
                     // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
@@ -395,12 +406,12 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
-        (void)schedule, (void)kPingPong, (void)kIntraOverlap;
+        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups;
 #endif
 }
 
 template <int D, int GROUPS>
-static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
     using L = FwdLayout<D, GROUPS>;
     const int heads_total = s->batch * s->heads;
     CUtensorMap q_map, k_map, v_map;
@@ -408,11 +419,9 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cu
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS>, L::bytes);
-    int device = 0, sms = 0;
-    if (err == cudaSuccess) err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    const Schedule schedule = {ceil_div(s->seq, L::BLOCK_ROWS), heads_total, kPersistent && s->causal};
+    const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
+    const Schedule schedule = {n_qblocks, heads_total, kPersistent && s->causal && n_qblocks * heads_total > sms};
     const int blocks = kPersistent ? min(schedule.units(), sms) : schedule.units();  // one block per SM fits
     wgmma_forward<D, GROUPS><<<blocks, L::THREADS, L::bytes, stream>>>(
         q_map, k_map, v_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
@@ -421,14 +430,20 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cu
 }
 
 cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    if (s->dim == 128) return launch_forward<128, 2>(s, t, stream);
-    return s->causal ? launch_forward<64, 2>(s, t, stream) : launch_forward<64, CONSUMERS_D64>(s, t, stream);
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    if (s->dim == 128) return launch_forward<128, 2>(s, t, sms, stream);
+    const int wide_tiles = ceil_div(s->seq, FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS) * s->batch * s->heads;
+    if (!s->causal && wide_tiles >= sms) return launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
+    return launch_forward<64, 2>(s, t, sms, stream);
 }
 
+// The most a block may ask for at this shape (which configuration runs depends on the GPU's SMs).
 static size_t shared_bytes(const attn_shape *s) {
-    const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes
-                       : s->causal   ? FwdLayout<64, 2>::bytes
-                                     : FwdLayout<64, CONSUMERS_D64>::bytes;
+    const size_t wide = FwdLayout<64, CONSUMERS_D64>::bytes, narrow = FwdLayout<64, 2>::bytes;
+    const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes : s->causal ? narrow : wide > narrow ? wide : narrow;
     const size_t bwd = stage09_backward_shared_bytes(s);
     return fwd > bwd ? fwd : bwd;
 }
