@@ -121,6 +121,23 @@ __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x
         : "memory");
 }
 
+// global_dst[i] += smem_src[i] for `bytes` (a multiple of 16, both addresses 16-byte aligned) of
+// floats, done by the copy engine and the L2 as one bulk operation instead of one atomic per
+// element. The smem_src writes need fence_proxy_async_shared and a barrier first. Completion is
+// tracked per thread: bulk_commit closes a group of this thread's operations, bulk_wait_read<N>
+// waits until at most N groups may still read their shared memory, bulk_wait<N> until at most N
+// groups are unfinished.
+__device__ inline void bulk_reduce_add_f32(float *global_dst, const float *smem_src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global_dst),
+                 "r"(smem_address(smem_src)), "r"(bytes)
+                 : "memory");
+}
+__device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+__device__ inline void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+
 // The wgmma shapes stage 09 needs, written out (generated; one operand per accumulator register).
 // D[64 x 64] (+)= A B, A and B both from shared memory (descriptors), both K-major. scale_d = 0
 // overwrites D (the first k step), 1 accumulates.
@@ -171,6 +188,21 @@ __device__ inline void wgmma_m64n64k16_rs_tn(float d[32], const uint32_t a[4], u
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// D[64 x 64] (+)= A B, A (fp16) from registers in mma.sync's A layout, B from shared memory,
+// K-major (as K is for S = Q Kᵀ). scale_d = 0 overwrites D (the first k step), 1 accumulates.
+__device__ inline void wgmma_m64n64k16_rs(float d[32], const uint32_t a[4], uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
 // D[64 x 128] += A B, A (fp16) from registers in mma.sync's A layout (each warp its 16 rows),

@@ -14,16 +14,20 @@
 //     walks over the key tiles, recomputing S and dP, and owns its dQ rows: seven products, no
 //     atomics, the same bits on every run.
 //   atomics (-DATOMIC_DQ=1): dSᵀ also goes to shared memory, where the wgmma of dQ += dS K reads
-//     it transposed; each warpgroup takes half of dQ's columns over all 128 keys and adds them to
-//     a float dQ in global memory (red.global.add.v2.f32), which backward_dq_convert turns into
-//     fp16. Five products; the order of the adds varies from run to run, so dQ's last bits do.
+//     it transposed; each warpgroup takes half of dQ's columns over all 128 keys, stages them in
+//     shared memory and adds them to a float dQ in global memory row by row with bulk reductions
+//     (cp.reduce.async.bulk: the L2 adds whole rows), which backward_dq_convert turns into fp16.
+//     Five products; the order of the adds varies from run to run, so dQ's last bits do.
 // In a tile, S (or Sᵀ) and dP (or dPᵀ) are two wgmma groups: the exponentials of P run while the
-// tensor cores compute dP.
+// tensor cores compute dP. Their A operand, the block's own rows (K and V, or Q and dO), is loaded
+// into registers once (kOwnInRegisters), so the tensor cores read only the walked tile from shared
+// memory.
 // What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
 // warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers.
 // Limits: Hopper only; the walked tile is 64 rows; a consumer waits for each tile's dV, dK (and
-// dQ) products before the next tile's S; backward_dk_dv<128> spills 8 bytes (its lse and delta
-// of a walked tile are held in registers).
+// dQ) products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured
+// slower); backward_dk_dv<128> reads K and V from shared memory (no registers left) and spills 8
+// bytes (its lse and delta of a walked tile are held in registers).
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -44,16 +48,39 @@
 #endif
 constexpr bool kAtomicDq = ATOMIC_DQ;
 
+// The owned tile's rows as A operands from registers (1), loaded once per block, instead of read
+// from shared memory by every wgmma of S and dP (0). Where the registers allow it: both kernels
+// at D = 64, backward_dq at D = 128 (dK/dV's two D-wide accumulators leave no room there).
+#ifndef OWN_IN_REGISTERS
+#define OWN_IN_REGISTERS 1
+#endif
+template <int D, bool kDkDv>
+constexpr bool kOwnInRegisters = OWN_IN_REGISTERS && (D == 64 || !kDkDv);
+
+// Each kernel issues the next walked tile's S and dP right after this tile's last product (1), so
+// that the tensor cores have them queued while the warpgroup waits, instead of waiting for that
+// product first (0: measured faster here, lesson; the other warpgroup's products already fill
+// the gap, and queued ones delay the S that it waits for).
+#ifndef CROSS_TILE_OVERLAP
+#define CROSS_TILE_OVERLAP 0
+#endif
+constexpr bool kCrossTileOverlap = CROSS_TILE_OVERLAP;
+
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
 // ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, with atomic dQ two [BWD_OWN][64]
-// tiles of dSᵀ (keys as rows; one per walked tile, alternating), then the mbarriers.
+// tiles of dSᵀ (keys as rows; one per walked tile, alternating) and each warpgroup's dQ share of
+// a walked tile in float ([BWD_GROUPS][BWD_WALK][DQ_PITCH]), then the mbarriers.
 template <int D> struct BwdLayout {
     static constexpr int OWN_ELEMS = BWD_OWN * D;
     static constexpr int WALK_ELEMS = BWD_WALK * D;
     static constexpr int DS_ELEMS = kAtomicDq ? BWD_OWN * BWD_WALK : 0;
+    // A warpgroup's D/2 columns of dQ, rows padded by 8 floats: the 8 rows g of a warp's float2
+    // stores start 8 banks apart, so each half-warp's stores fill the 32 banks once.
+    static constexpr int DQ_PITCH = D / 2 + 8;
+    static constexpr int DQ_STAGE_ELEMS = kAtomicDq ? BWD_GROUPS * BWD_WALK * DQ_PITCH : 0;
     static constexpr size_t bytes = 1024 +
                                     sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
-                                    sizeof(uint64_t) * (2 * BWD_STAGES + 1);
+                                    sizeof(float) * DQ_STAGE_ELEMS + sizeof(uint64_t) * (2 * BWD_STAGES + 1);
 };
 
 // The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
@@ -62,6 +89,7 @@ template <int D> struct BwdLayout {
 struct BwdSmem {
     __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [BWD_STAGES][tile]
     __half *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
+    float *dq_stage;                          // [BWD_GROUPS][BWD_WALK][DQ_PITCH] (atomic dQ only)
     uint64_t *full, *empty, *own_full;
 };
 
@@ -74,7 +102,8 @@ __device__ inline BwdSmem bwd_smem(unsigned char *raw) {
     m.walk_a = m.own_b + L::OWN_ELEMS;
     m.walk_b = m.walk_a + BWD_STAGES * L::WALK_ELEMS;
     m.ds = m.walk_b + BWD_STAGES * L::WALK_ELEMS;
-    m.full = (uint64_t *)(m.ds + 2 * L::DS_ELEMS);
+    m.dq_stage = (float *)(m.ds + 2 * L::DS_ELEMS);
+    m.full = (uint64_t *)(m.dq_stage + L::DQ_STAGE_ELEMS);
     m.empty = m.full + BWD_STAGES;
     m.own_full = m.empty + BWD_STAGES;
     return m;
@@ -114,13 +143,51 @@ __device__ inline void product_abt(float acc[32], const __half *own, int own_row
                                   kk > 0);
 }
 
-// out (64 x D) += A B, A = a 64 x 64 accumulator (fp16 in registers), B = a walked tile (N-major).
+// This warp's 16 rows (row0..) of an owned tile as the A operands of the D/16 k steps of a
+// product over D: ldmatrix from the 128-byte swizzle, which inside a 64-column slab is stage 07's
+// swizzle<64>.
 template <int D>
-__device__ inline void product_acc_b(float out[D / 2], const float a_acc[32], const __half *walk) {
-    uint32_t frag[BWD_WALK / 16][4];
-    pack_a_frags<BWD_WALK>(frag, a_acc);
+__device__ inline void load_own_frags(uint32_t frag[D / 16][4], const __half *own, int row0, int lane) {
 #pragma unroll
-    for (int kk = 0; kk < BWD_WALK / 16; kk++) wgmma_m64k16_rs_tn<D>(out, frag[kk], desc_n_major<BWD_WALK>(walk, kk));
+    for (int kk = 0; kk < D / 16; kk++) load_a_frag<64>(frag[kk], own + (kk / 4) * BWD_OWN * 64, row0, (kk % 4) * 16, lane);
+}
+
+// product_abt with A from registers (load_own_frags): the tensor cores read only B's tile.
+template <int D>
+__device__ inline void product_rbt(float acc[32], const uint32_t a_frag[D / 16][4], const __half *walk) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wgmma_m64n64k16_rs(acc, a_frag[kk], desc_k_major<BWD_WALK>(walk, 0, kk), kk > 0);
+}
+
+// S-like products of a walked tile: A = the owned tile's rows of this warpgroup, from registers
+// (REGS, a_frag) or shared memory (own, own_row0).
+template <int D, bool REGS>
+__device__ inline void product_own_walk(float acc[32], const uint32_t a_frag[][4], const __half *own, int own_row0,
+                                        const __half *walk) {
+    if constexpr (REGS)
+        product_rbt<D>(acc, a_frag, walk);
+    else
+        product_abt<D>(acc, own, own_row0, walk);
+}
+
+// The two S-like products of walked tile `tile` (S and dP, or Sᵀ and dPᵀ), once its slot is
+// full, as two wgmma groups: the exponentials of P can run while the tensor cores compute dP.
+template <int D, bool REGS>
+__device__ inline void issue_s_and_dp(float s_acc[32], float dp_acc[32], const uint32_t a_frag[][4],
+                                      const uint32_t b_frag[][4], const BwdSmem &m, int own_row0, int tile) {
+    const int slot = tile % BWD_STAGES;
+    mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
+    wgmma_fence();
+    product_own_walk<D, REGS>(s_acc, a_frag, m.own_a, own_row0, m.walk_a + slot * BwdLayout<D>::WALK_ELEMS);
+    wgmma_commit();
+    product_own_walk<D, REGS>(dp_acc, b_frag, m.own_b, own_row0, m.walk_b + slot * BwdLayout<D>::WALK_ELEMS);
+    wgmma_commit();
+}
+
+// This warp is done with walked tile `tile`'s slot.
+__device__ inline void release_slot(const BwdSmem &m, int tile, int lane) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&m.empty[tile % BWD_STAGES]);
 }
 
 // Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to a [S, D] matrix.
@@ -194,7 +261,22 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
         mbarrier_wait(m.own_full, 0);
+        constexpr bool kRegs = kOwnInRegisters<D, true>;
+        uint32_t k_frag[kRegs ? D / 16 : 1][4], v_frag[kRegs ? D / 16 : 1][4];
+        if constexpr (kRegs) {
+            load_own_frags<D>(k_frag, m.own_a, group_row0 + warp_row0, lane);
+            load_own_frags<D>(v_frag, m.own_b, group_row0 + warp_row0, lane);
+        }
 
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
+        float st_acc[32], dpt_acc[32];
+        auto issue_st_dpt = [&](int tile) { issue_s_and_dp<D, kRegs>(st_acc, dpt_acc, k_frag, v_frag, m, group_row0, tile); };
+        auto release = [&](int tile) { release_slot(m, tile, lane); };
+        // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ product waits
+        // for the other warpgroup.
+        constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
+
+        if (kOverlap) issue_st_dpt(0);
         for (int tile = 0; tile < n_tiles; tile++) {
             const int slot = tile % BWD_STAGES, q_start = (first_tile + tile) * BWD_WALK;
             const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
@@ -209,18 +291,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                     col_lse[2 * j + e] = query < S ? head_lse[query] : INFINITY;  // P = 0 past S
                     col_delta[2 * j + e] = query < S ? head_delta[query] : 0.0f;
                 }
-            mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
-
-            // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) as two groups: Pᵀ is computed while
-            // the tensor cores work on dPᵀ.
-            float st_acc[32], dpt_acc[32];
-            wgmma_fence();
-            product_abt<D>(st_acc, m.own_a, group_row0, q_tile);
-            wgmma_commit();
-            product_abt<D>(dpt_acc, m.own_b, group_row0, do_tile);
-            wgmma_commit();
-            wgmma_wait<1>();
+            if (!kOverlap) issue_st_dpt(tile);
+            wgmma_wait<1>();  // with the overlap, also the previous tile's dV and dK products
             fence_operands<32>(st_acc);
+            if (kOverlap && tile > 0) release(tile - 1);
             // Pᵀ in place. A key after its query (causal) is masked only in the tiles that reach
             // the block's keys; queries past S have lse = infinity, so P = 0 there already.
             const bool diagonal = causal && q_start < k0 + BWD_OWN;
@@ -269,23 +343,40 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                                                 desc_n_major<BWD_OWN>(k_cols, kk), kk > 0);
                 wgmma_commit();
             }
+            if (kOverlap) {
+                if (tile + 1 < n_tiles) issue_st_dpt(tile + 1);
+                continue;
+            }
             wgmma_wait<0>();
             fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&m.empty[slot]);
+            release(tile);
             if constexpr (ATOMIC) {
                 fence_operands<DQ_COLS / 2>(dq_acc);
-                // Rows g and g + 8 of this warp's 16 queries, past S not added.
-                float *dq_rows = dq_accum + ((size_t)head_index * S + q_start + warp_row0 + g) * D + dq_col0 + 2 * t;
+                // The warp's 16 rows of its dQ share go to shared memory, and lane l < 16 adds
+                // row l to the float dQ by one bulk reduction (rows past S not added): the L2
+                // adds whole rows, not one atomic per pair of floats. Lane l's previous add must
+                // have read the row before it is overwritten.
+                float *stage_rows = m.dq_stage + (group_row0 + warp_row0) * BwdLayout<D>::DQ_PITCH;
+                if (lane < 16) bulk_wait_read<0>();
+                __syncwarp();
 #pragma unroll
                 for (int r = 0; r < 2; r++)
-                    if (q_start + warp_row0 + g + 8 * r < S)
 #pragma unroll
-                        for (int j = 0; j < DQ_COLS / 8; j++)
-                            atomic_add_float2<true>(dq_rows + 8 * r * D + 8 * j,
-                                                    make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]));
+                    for (int j = 0; j < DQ_COLS / 8; j++)
+                        *(float2 *)(stage_rows + (g + 8 * r) * BwdLayout<D>::DQ_PITCH + 8 * j + 2 * t) =
+                            make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
+                fence_proxy_async_shared();
+                __syncwarp();
+                const int query = q_start + warp_row0 + lane;
+                if (lane < 16 && query < S)
+                    bulk_reduce_add_f32(dq_accum + ((size_t)head_index * S + query) * D + dq_col0,
+                                        stage_rows + lane * BwdLayout<D>::DQ_PITCH, sizeof(float) * DQ_COLS);
+                if (lane < 16) bulk_commit();
             }
         }
+        if (ATOMIC && lane < 16) bulk_wait<0>();  // the adds are done before the block's memory goes
+        wgmma_wait<0>();
+        fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
         const size_t head = (size_t)head_index * S * D;
         store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
         store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
@@ -330,23 +421,30 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dq_acc[i] = 0.0f;
         mbarrier_wait(m.own_full, 0);
+        constexpr bool kRegs = kOwnInRegisters<D, false>;
+        const int warp_row0 = (threadIdx.x % 128) / 32 * 16;
+        uint32_t q_frag[kRegs ? D / 16 : 1][4], do_frag[kRegs ? D / 16 : 1][4];
+        if constexpr (kRegs) {
+            load_own_frags<D>(q_frag, m.own_a, group_row0 + warp_row0, lane);
+            load_own_frags<D>(do_frag, m.own_b, group_row0 + warp_row0, lane);
+        }
 
+        // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) of a walked tile.
+        float s_acc[32], dp_acc[32];
+        auto issue_s_dp = [&](int tile) { issue_s_and_dp<D, kRegs>(s_acc, dp_acc, q_frag, do_frag, m, group_row0, tile); };
+        auto release = [&](int tile) { release_slot(m, tile, lane); };
+        uint32_t ds_frag[BWD_WALK / 16][4];  // dS (fp16), the A operand of dQ += dS K
+
+        if (kCrossTileOverlap) issue_s_dp(0);
         for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % BWD_STAGES, k0 = tile * BWD_WALK;
-            const __half *k_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
-            const __half *v_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
-            mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
-
-            // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) as two groups: P is computed while
-            // the tensor cores work on dP.
-            float s_acc[32], dp_acc[32];
-            wgmma_fence();
-            product_abt<D>(s_acc, m.own_a, group_row0, k_tile);
-            wgmma_commit();
-            product_abt<D>(dp_acc, m.own_b, group_row0, v_tile);
-            wgmma_commit();
+            const int k0 = tile * BWD_WALK;
+            const __half *k_tile = m.walk_a + (tile % BWD_STAGES) * BwdLayout<D>::WALK_ELEMS;
+            if (!kCrossTileOverlap) issue_s_dp(tile);
+            // With the overlap the previous tile's dQ product is older than S: this waits for it
+            // too, and its K and V slot is free.
             wgmma_wait<1>();
             fence_operands<32>(s_acc);
+            if (kCrossTileOverlap && tile > 0) release(tile - 1);
             // P in place; masked keys (past S, or causal) give 0.
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -363,19 +461,27 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s_acc[4 * j + e] *= dp_acc[4 * j + e] - row_delta[e / 2];
+            pack_a_frags<BWD_WALK>(ds_frag, s_acc);
             wgmma_fence();
-            product_acc_b<D>(dq_acc, s_acc, k_tile);  // dQ += dS K
+#pragma unroll
+            for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dQ += dS K
+                wgmma_m64k16_rs_tn<D>(dq_acc, ds_frag[kk], desc_n_major<BWD_WALK>(k_tile, kk));
             wgmma_commit();
-            wgmma_wait<0>();
-            fence_operands<D / 2>(dq_acc);
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&m.empty[slot]);
+            if (kCrossTileOverlap) {
+                if (tile + 1 < n_tiles) issue_s_dp(tile + 1);
+            } else {
+                wgmma_wait<0>();
+                fence_operands<D / 2>(dq_acc);
+                release(tile);
+            }
         }
+        wgmma_wait<0>();
+        fence_operands<D / 2>(dq_acc);
         store_rows<D>(dq + (size_t)head_index * S * D, dq_acc, scale, warp_query0, S, lane);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq;
-    (void)S, (void)scale, (void)causal;
+    (void)S, (void)scale, (void)causal, (void)kCrossTileOverlap;
 #endif
 }
 
