@@ -216,6 +216,12 @@ __device__ inline void mbarrier_arrive(uint64_t *bar) {
     asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(smem_address(bar))
                  : "memory");
 }
+// One arrival for the whole warp, once all of its lanes have got here: for a barrier that counts
+// warps (a consumer warp done with a ring slot).
+__device__ inline void mbarrier_arrive_warp(uint64_t *bar) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
+}
 // The arrival of this thread happens when all of its cp.async copies issued so far have landed.
 // .noinc: the arrival counts against the barrier's expected count (one per producer thread).
 __device__ inline void cp_async_mbarrier_arrive(uint64_t *bar) {

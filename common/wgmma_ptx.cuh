@@ -138,32 +138,53 @@ __device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group
 template <int N>
 __device__ inline void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// The wgmma shapes stage 09 needs, written out (generated; one operand per accumulator register).
-// D[64 x 64] (+)= A B, A and B both from shared memory (descriptors), both K-major. scale_d = 0
-// overwrites D (the first k step), 1 accumulates.
+// The wgmma shapes stage 09 needs, written out (one operand per accumulator register). scale_d = 0
+// overwrites D (the first k step), 1 accumulates. The transposes are the instruction's immediates:
+//   TRANS_A (shared-memory A only) = 0: A K-major (its rows are M, as Q's are for S = Q Kᵀ);
+//     1: M-major (A's columns are the tile's rows, as dS's are in a stored dSᵀ).
+//   TRANS_B = 0: B K-major (B's columns are the tile's rows, as K is for S = Q Kᵀ);
+//     1: N-major (B's rows are the tile's rows, as V's are for O = P V).
+// D[64 x N] (+)= A B, A and B both from shared memory (descriptors).
+template <int TRANS_A, int TRANS_B>
+__device__ inline void wgmma_m64n32k16_ss(float d[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+}
+
+template <int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n64k16_ss(float d[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
         " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
 }
 
-// D[64 x 128] (+)= A B, A and B both from shared memory (descriptors), both K-major. scale_d = 0
-// overwrites D (the first k step), 1 accumulates.
+template <int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n128k16_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
         " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -172,49 +193,38 @@ __device__ inline void wgmma_m64n128k16_ss(float d[64], uint64_t desc_a, uint64_
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
 }
 
-// D[64 x 64] += A B, A (fp16) from registers in mma.sync's A layout (each warp its 16 rows),
-// B from shared memory, N-major (imm-trans-b = 1: B's rows are the tile's rows, as V's are).
-__device__ inline void wgmma_m64n64k16_rs_tn(float d[32], const uint32_t a[4], uint64_t desc_b) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-// D[64 x 64] (+)= A B, A (fp16) from registers in mma.sync's A layout, B from shared memory,
-// K-major (as K is for S = Q Kᵀ). scale_d = 0 overwrites D (the first k step), 1 accumulates.
+// D[64 x N] (+)= A B, A (fp16) from registers in mma.sync's A layout (each warp its 16 rows), B
+// from shared memory.
+template <int TRANS_B>
 __device__ inline void wgmma_m64n64k16_rs(float d[32], const uint32_t a[4], uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
         " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
-// D[64 x 128] += A B, A (fp16) from registers in mma.sync's A layout (each warp its 16 rows),
-// B from shared memory, N-major (imm-trans-b = 1: B's rows are the tile's rows, as V's are).
-__device__ inline void wgmma_m64n128k16_rs_tn(float d[64], const uint32_t a[4], uint64_t desc_b) {
+template <int TRANS_B>
+__device__ inline void wgmma_m64n128k16_rs(float d[64], const uint32_t a[4], uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
         " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -223,60 +233,25 @@ __device__ inline void wgmma_m64n128k16_rs_tn(float d[64], const uint32_t a[4], 
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
-
-// The same, N picked at compile time (64 or 128).
-template <int N>
+// The same, N picked at compile time.
+template <int N, int TRANS_A = 0, int TRANS_B = 0>
 __device__ inline void wgmma_m64k16_ss(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    if constexpr (N == 64)
-        wgmma_m64n64k16_ss(d, desc_a, desc_b, scale_d);
-    else
-        wgmma_m64n128k16_ss(d, desc_a, desc_b, scale_d);
-}
-template <int N>
-__device__ inline void wgmma_m64k16_rs_tn(float *d, const uint32_t a[4], uint64_t desc_b) {
-    if constexpr (N == 64)
-        wgmma_m64n64k16_rs_tn(d, a, desc_b);
-    else
-        wgmma_m64n128k16_rs_tn(d, a, desc_b);
-}
-
-// D[64 x 32] (+)= A B, A and B both from shared memory, A M-major (imm-trans-a = 1: A's columns
-// are the tile's rows, as dS's are in a stored dSᵀ) and B N-major (imm-trans-b = 1).
-__device__ inline void wgmma_m64n32k16_ss_tt(float d[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// D[64 x 64] (+)= A B, A and B both from shared memory, A M-major (imm-trans-a = 1: A's columns
-// are the tile's rows, as dS's are in a stored dSᵀ) and B N-major (imm-trans-b = 1).
-__device__ inline void wgmma_m64n64k16_ss_tt(float d[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// The same, N picked at compile time (32 or 64).
-template <int N>
-__device__ inline void wgmma_m64k16_ss_tt(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
     if constexpr (N == 32)
-        wgmma_m64n32k16_ss_tt(d, desc_a, desc_b, scale_d);
+        wgmma_m64n32k16_ss<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+    else if constexpr (N == 64)
+        wgmma_m64n64k16_ss<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
     else
-        wgmma_m64n64k16_ss_tt(d, desc_a, desc_b, scale_d);
+        wgmma_m64n128k16_ss<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+}
+template <int N, int TRANS_B>
+__device__ inline void wgmma_m64k16_rs(float *d, const uint32_t a[4], uint64_t desc_b, int scale_d) {
+    if constexpr (N == 64)
+        wgmma_m64n64k16_rs<TRANS_B>(d, a, desc_b, scale_d);
+    else
+        wgmma_m64n128k16_rs<TRANS_B>(d, a, desc_b, scale_d);
 }
 
 // Descriptors of the k-th 16-wide step of an operand kept in a [D/64][ROWS][64] swizzled tile.

@@ -133,16 +133,6 @@ __device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, c
     }
 }
 
-// acc (64 x 64, this warpgroup's rows own_row0..) = A Bᵀ over D, A rows in an owned tile and B
-// rows in a walked tile: both K-major. Issued, not waited for.
-template <int D>
-__device__ inline void product_abt(float acc[32], const __half *own, int own_row0, const __half *walk) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        wgmma_m64k16_ss<BWD_WALK>(acc, desc_k_major<BWD_OWN>(own, own_row0, kk), desc_k_major<BWD_WALK>(walk, 0, kk),
-                                  kk > 0);
-}
-
 // This warp's 16 rows (row0..) of an owned tile as the A operands of the D/16 k steps of a
 // product over D: ldmatrix from the 128-byte swizzle, which inside a 64-column slab is stage 07's
 // swizzle<64>.
@@ -152,43 +142,46 @@ __device__ inline void load_own_frags(uint32_t frag[D / 16][4], const __half *ow
     for (int kk = 0; kk < D / 16; kk++) load_a_frag<64>(frag[kk], own + (kk / 4) * BWD_OWN * 64, row0, (kk % 4) * 16, lane);
 }
 
-// product_abt with A from registers (load_own_frags): the tensor cores read only B's tile.
-template <int D>
-__device__ inline void product_rbt(float acc[32], const uint32_t a_frag[D / 16][4], const __half *walk) {
+// A warpgroup's rows of the two owned tiles (K and V, or Q and dO) as the A operands of its
+// S-like products (S and dP, or Sᵀ and dPᵀ, over D): with REGS (kOwnInRegisters) this warp's 16
+// rows are loaded into registers once, so that the tensor cores read only the walked tile;
+// without, every wgmma reads them from shared memory.
+template <int D, bool REGS> struct OwnOperands {
+    uint32_t a_frag[REGS ? D / 16 : 1][4], b_frag[REGS ? D / 16 : 1][4];  // of own_a, own_b
+    int group_row0;                                                       // the group's first row
+
+    __device__ OwnOperands(const BwdSmem &m, int group_row0_, int warp_row0, int lane) : group_row0(group_row0_) {
+        if constexpr (REGS) {
+            load_own_frags<D>(a_frag, m.own_a, group_row0 + warp_row0, lane);
+            load_own_frags<D>(b_frag, m.own_b, group_row0 + warp_row0, lane);
+        }
+    }
+
+    // acc (64 x 64) = the group's rows of `own` (frag in registers) times walkᵀ, over D: both
+    // K-major. Issued, not waited for.
+    __device__ void product(float acc[32], const uint32_t frag[][4], const __half *own, const __half *walk) const {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) wgmma_m64n64k16_rs(acc, a_frag[kk], desc_k_major<BWD_WALK>(walk, 0, kk), kk > 0);
-}
+        for (int kk = 0; kk < D / 16; kk++) {
+            if constexpr (REGS)
+                wgmma_m64n64k16_rs<0>(acc, frag[kk], desc_k_major<BWD_WALK>(walk, 0, kk), kk > 0);
+            else
+                wgmma_m64k16_ss<BWD_WALK>(acc, desc_k_major<BWD_OWN>(own, group_row0, kk),
+                                          desc_k_major<BWD_WALK>(walk, 0, kk), kk > 0);
+        }
+    }
 
-// S-like products of a walked tile: A = the owned tile's rows of this warpgroup, from registers
-// (REGS, a_frag) or shared memory (own, own_row0).
-template <int D, bool REGS>
-__device__ inline void product_own_walk(float acc[32], const uint32_t a_frag[][4], const __half *own, int own_row0,
-                                        const __half *walk) {
-    if constexpr (REGS)
-        product_rbt<D>(acc, a_frag, walk);
-    else
-        product_abt<D>(acc, own, own_row0, walk);
-}
-
-// The two S-like products of walked tile `tile` (S and dP, or Sᵀ and dPᵀ), once its slot is
-// full, as two wgmma groups: the exponentials of P can run while the tensor cores compute dP.
-template <int D, bool REGS>
-__device__ inline void issue_s_and_dp(float s_acc[32], float dp_acc[32], const uint32_t a_frag[][4],
-                                      const uint32_t b_frag[][4], const BwdSmem &m, int own_row0, int tile) {
-    const int slot = tile % BWD_STAGES;
-    mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
-    wgmma_fence();
-    product_own_walk<D, REGS>(s_acc, a_frag, m.own_a, own_row0, m.walk_a + slot * BwdLayout<D>::WALK_ELEMS);
-    wgmma_commit();
-    product_own_walk<D, REGS>(dp_acc, b_frag, m.own_b, own_row0, m.walk_b + slot * BwdLayout<D>::WALK_ELEMS);
-    wgmma_commit();
-}
-
-// This warp is done with walked tile `tile`'s slot.
-__device__ inline void release_slot(const BwdSmem &m, int tile, int lane) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&m.empty[tile % BWD_STAGES]);
-}
+    // The two S-like products of walked tile `tile`, once its slot is full, as two wgmma groups:
+    // the exponentials of P can run while the tensor cores compute dP.
+    __device__ void issue_s_and_dp(float s_acc[32], float dp_acc[32], const BwdSmem &m, int tile) const {
+        const int slot = tile % BWD_STAGES;
+        mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
+        wgmma_fence();
+        product(s_acc, a_frag, m.own_a, m.walk_a + slot * BwdLayout<D>::WALK_ELEMS);
+        wgmma_commit();
+        product(dp_acc, b_frag, m.own_b, m.walk_b + slot * BwdLayout<D>::WALK_ELEMS);
+        wgmma_commit();
+    }
+};
 
 // Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to a [S, D] matrix.
 template <int D>
@@ -261,17 +254,12 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
         mbarrier_wait(m.own_full, 0);
-        constexpr bool kRegs = kOwnInRegisters<D, true>;
-        uint32_t k_frag[kRegs ? D / 16 : 1][4], v_frag[kRegs ? D / 16 : 1][4];
-        if constexpr (kRegs) {
-            load_own_frags<D>(k_frag, m.own_a, group_row0 + warp_row0, lane);
-            load_own_frags<D>(v_frag, m.own_b, group_row0 + warp_row0, lane);
-        }
+        const OwnOperands<D, kOwnInRegisters<D, true>> k_and_v(m, group_row0, warp_row0, lane);
 
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
         float st_acc[32], dpt_acc[32];
-        auto issue_st_dpt = [&](int tile) { issue_s_and_dp<D, kRegs>(st_acc, dpt_acc, k_frag, v_frag, m, group_row0, tile); };
-        auto release = [&](int tile) { release_slot(m, tile, lane); };
+        auto issue_st_dpt = [&](int tile) { k_and_v.issue_s_and_dp(st_acc, dpt_acc, m, tile); };
+        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BWD_STAGES]); };
         // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ product waits
         // for the other warpgroup.
         constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
@@ -327,8 +315,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BWD_WALK / 16; kk++) {
-                wgmma_m64k16_rs_tn<D>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk));   // dV += Pᵀ dO
-                wgmma_m64k16_rs_tn<D>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk));  // dK += dSᵀ Q
+                wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);   // dV += Pᵀ dO
+                wgmma_m64k16_rs<D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);  // dK += dSᵀ Q
             }
             wgmma_commit();
             float dq_acc[DQ_COLS / 2];
@@ -339,7 +327,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 named_barrier_sync(1, 128 * BWD_GROUPS);
 #pragma unroll
                 for (int kk = 0; kk < BWD_OWN / 16; kk++)
-                    wgmma_m64k16_ss_tt<DQ_COLS>(dq_acc, desc_n_major<BWD_OWN>(ds_tile, kk),
+                    wgmma_m64k16_ss<DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile, kk),
                                                 desc_n_major<BWD_OWN>(k_cols, kk), kk > 0);
                 wgmma_commit();
             }
@@ -408,7 +396,8 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
     } else {
         setmaxnreg_inc<240>();
         const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        const int group_row0 = consumer * 64, warp_query0 = q0 + group_row0 + (threadIdx.x % 128) / 32 * 16;
+        const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
+        const int group_row0 = consumer * 64, warp_query0 = q0 + group_row0 + warp_row0;
         const float scale_log2 = scale * 1.4426950408889634f;
         float row_lse[2], row_delta[2];  // rows g and g + 8 (rows past S: never stored)
 #pragma unroll
@@ -421,18 +410,12 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dq_acc[i] = 0.0f;
         mbarrier_wait(m.own_full, 0);
-        constexpr bool kRegs = kOwnInRegisters<D, false>;
-        const int warp_row0 = (threadIdx.x % 128) / 32 * 16;
-        uint32_t q_frag[kRegs ? D / 16 : 1][4], do_frag[kRegs ? D / 16 : 1][4];
-        if constexpr (kRegs) {
-            load_own_frags<D>(q_frag, m.own_a, group_row0 + warp_row0, lane);
-            load_own_frags<D>(do_frag, m.own_b, group_row0 + warp_row0, lane);
-        }
+        const OwnOperands<D, kOwnInRegisters<D, false>> q_and_do(m, group_row0, warp_row0, lane);
 
         // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) of a walked tile.
         float s_acc[32], dp_acc[32];
-        auto issue_s_dp = [&](int tile) { issue_s_and_dp<D, kRegs>(s_acc, dp_acc, q_frag, do_frag, m, group_row0, tile); };
-        auto release = [&](int tile) { release_slot(m, tile, lane); };
+        auto issue_s_dp = [&](int tile) { q_and_do.issue_s_and_dp(s_acc, dp_acc, m, tile); };
+        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BWD_STAGES]); };
         uint32_t ds_frag[BWD_WALK / 16][4];  // dS (fp16), the A operand of dQ += dS K
 
         if (kCrossTileOverlap) issue_s_dp(0);
@@ -465,7 +448,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dQ += dS K
-                wgmma_m64k16_rs_tn<D>(dq_acc, ds_frag[kk], desc_n_major<BWD_WALK>(k_tile, kk));
+                wgmma_m64k16_rs<D, 1>(dq_acc, ds_frag[kk], desc_n_major<BWD_WALK>(k_tile, kk), 1);
             wgmma_commit();
             if (kCrossTileOverlap) {
                 if (tile + 1 < n_tiles) issue_s_dp(tile + 1);

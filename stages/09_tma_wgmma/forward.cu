@@ -127,7 +127,7 @@ __device__ __forceinline__ void issue_pv(float (&o_acc)[D / 2], const uint32_t (
                                          const __half *v_tile) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KEY_TILE / 16; kk++) wgmma_m64k16_rs_tn<D>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk));
+    for (int kk = 0; kk < KEY_TILE / 16; kk++) wgmma_m64k16_rs<D, 1>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk), 1);
     wgmma_commit();
 }
 
@@ -295,12 +295,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             mbarrier_wait<true>(&v_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
             return v_ring + (ring + n) % STAGES * L::TILE_ELEMS;
         };
-        auto release = [&](uint64_t *bar) {
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(bar);
-        };
-        auto release_k = [&](int n) { release(&k_empty[(ring + n) % STAGES]); };
-        auto release_v = [&](int n) { release(&v_empty[(ring + n) % STAGES]); };
+        auto release_k = [&](int n) { mbarrier_arrive_warp(&k_empty[(ring + n) % STAGES]); };
+        auto release_v = [&](int n) { mbarrier_arrive_warp(&v_empty[(ring + n) % STAGES]); };
 
         for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
             for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
@@ -327,7 +323,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     wgmma_wait<0>();
                     fence_operands<KEY_TILE / 2>(s_acc);
                     release_k(0);
-                    if (n_tiles == 1) release(q_empty);
+                    if (n_tiles == 1) mbarrier_arrive_warp(q_empty);
                     online_softmax(s_acc, row_max, row_sum, alpha, 0, S, causal, first_query, g, t, scale_log2);
                     pack_a_frags<KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
                     for (int tile = 1; tile < n_tiles; tile++) {
@@ -340,7 +336,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                         wgmma_wait<1>();
                         fence_operands<KEY_TILE / 2>(s_acc);
                         release_k(tile);
-                        if (tile == n_tiles - 1) release(q_empty);  // the query tile's last read of Q
+                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_empty);  // the query tile's last read of Q
                         online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t,
                                        scale_log2);
                         wgmma_wait<0>();
@@ -366,7 +362,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                         wgmma_wait<0>();
                         fence_operands<KEY_TILE / 2>(s_acc);
                         release_k(tile);
-                        if (tile == n_tiles - 1) release(q_empty);
+                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_empty);
                         online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t,
                                        scale_log2);
                         rescale_rows<D>(o_acc, alpha);
