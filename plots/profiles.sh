@@ -21,10 +21,13 @@ slug=$(gpu_slug "$gpu_name")
 commit=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 work=$(mktemp -d "${TMPDIR:-/tmp}/profiles.XXXXXX")
 
-# The programs profiled: every stage, and the ablation builds whose lesson quotes their profile.
+# The programs profiled: every stage, the ablation builds whose lesson quotes their profile, and
+# the PyTorch peers the lessons compare with (sdpa_<backend>: plots/sdpa_once.py runs one forward
+# and one backward pass of that backend inside the NVTX range "sdpa", and only its kernels are
+# profiled).
 programs=(01_naive_3pass 02_scalar_tiled 02_scalar_tiled.no_q_padding 03_online_softmax
           03_online_softmax.smem_of_04 04_smem_state 05_wmma_qk 06_wmma_pv 07_swizzle_cp_async
-          07_swizzle_cp_async.no_swizzle 08_warp_specialized 09_tma_wgmma)
+          07_swizzle_cp_async.no_swizzle 08_warp_specialized 09_tma_wgmma sdpa_flash sdpa_cudnn)
 [ $# -gt 0 ] && programs=("$@")
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
@@ -35,12 +38,20 @@ metrics=dram__bytes_read.sum,dram__bytes_write.sum,l1tex__data_bank_conflicts_pi
 metrics+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
 metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,smsp__inst_executed_op_ldsm.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+metrics+=,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__throughput.avg.pct_of_peak_sustained_active
 
 status=0
 declare -A started
 for program in "${programs[@]}"; do
     stage=${program%%.*}
-    [ -x "$bin/$program" ] || { echo "profiles: $bin/$program not built, skipped"; continue; }
+    run=("$bin/$program") filter=()
+    if [[ $program == sdpa_* ]]; then
+        run=(python3 plots/sdpa_once.py "${program#sdpa_}") filter=(--nvtx --nvtx-include "sdpa/")
+        python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null ||
+            { echo "profiles: $program needs PyTorch with CUDA, skipped"; continue; }
+    else
+        [ -x "$bin/$program" ] || { echo "profiles: $bin/$program not built, skipped"; continue; }
+    fi
     page=docs/profiles/${stage}_${slug}_ncu.txt
     if [ -z "${started[$stage]:-}" ]; then
         started[$stage]=1
@@ -53,13 +64,13 @@ for program in "${programs[@]}"; do
     fi
     # A stage with a backward pass runs it after the forward: one run profiles the kernels of both.
     pass=
-    "$bin/$program" --backward --seq 1 >/dev/null 2>&1 && pass=--backward
+    "${run[@]}" --backward --batch 1 --heads 1 --seq 16 --dim 64 >/dev/null 2>&1 && pass=--backward
     for dim in 64 128; do
         report=$work/${program}_D$dim
         args=($pass --batch 4 --heads $((2048 / dim)) --seq 4096 --dim $dim)
         echo "profiles: $program ${args[*]}"
-        if ! ncu "${sections[@]}" --metrics "$metrics" --export "$report" --force-overwrite \
-            "$bin/$program" "${args[@]}" >"$report.log" 2>&1; then
+        if ! ncu "${filter[@]}" "${sections[@]}" --metrics "$metrics" --export "$report" --force-overwrite \
+            "${run[@]}" "${args[@]}" >"$report.log" 2>&1; then
             echo "profiles: ncu failed on $program ${args[*]}:"; tail -n 20 "$report.log"; status=1; continue
         fi
         {

@@ -282,6 +282,45 @@ profile_table() {
     }' "$file"
 }
 
+# A stage's kernels beside a PyTorch peer's, from the same Nsight Compute run (plots/profiles.sh,
+# sdpa_<backend> rows): one column per BUILD:KERNEL and D, KERNEL matched as a part of the name.
+peer_profile_table() {  # peer_profile_table BUILD:KERNEL...
+    [ -f "$profiles_csv" ] || { echo "_No profile committed yet ($profiles_csv)._"; return 0; }
+    awk -F, -v specs="$*" '
+    BEGIN { n = split(specs, spec, " ") }
+    NR == 1 { next }
+    { for (i = 1; i <= n; i++) { split(spec[i], p, ":")
+          if ($2 == p[1] && index($3, p[2]) > 0) { v[i, $4, $5] = $6; name[i] = $3; d[$4] = 1; gpu = $1; commit[$2 " at " $8] = 1 } } }
+    function val(i, D, m, scale, fmt) { return (i, D, m) in v ? sprintf(fmt, v[i, D, m] / scale) : "-" }
+    function row(label, m, scale, fmt,    line, D, i) {
+        line = "| " label
+        for (D = 64; D <= 128; D += 64) for (i = 1; i <= n; i++) line = line " | " val(i, D, m, scale, fmt)
+        print line " |"
+    }
+    END {
+        if (!(64 in d) || !(128 in d)) { print "_No profile of " specs " in the committed CSV._"; exit }
+        cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
+        print "Nsight Compute on the " gpu " (`plots/profiles.sh`; " cs "), S = 4096, B = 4, H*D = 2048, non-causal, one run of each program; metrics in `plots/data/h100_profiles.csv`:"
+        print ""
+        line = "| metric"; rule = "|---"
+        for (D = 64; D <= 128; D += 64) for (i = 1; i <= n; i++) { split(spec[i], p, ":")
+            label = name[i]; sub(/^.*::/, "", label)
+            if (length(label) > 40) label = p[2] "…"
+            line = line " | " p[1] " `" label "` D=" D; rule = rule "|---:" }
+        print line " |"; print rule "|"
+        row("duration under ncu (ms)", "gpu__time_duration.sum", 1e6, "%.2f")
+        row("grid (blocks)", "launch__grid_size", 1, "%d")
+        row("threads per block", "launch__block_size", 1, "%d")
+        row("shared memory per block (bytes)", "launch__shared_mem_per_block_dynamic", 1, "%d")
+        row("registers per thread", "launch__registers_per_thread", 1, "%d")
+        row("shared-load wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", 1e6, "%.1f")
+        row("shared-store wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum", 1e6, "%.1f")
+        row("L1 (shared memory) throughput, % of peak", "l1tex__throughput.avg.pct_of_peak_sustained_active", 1, "%.1f")
+        row("tensor pipe active, %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 1, "%.1f")
+        row("issue slots busy, %", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1, "%.1f")
+    }' "$profiles_csv"
+}
+
 # Stage 04's experiment: stage 03, stage 03 with stage 04's shared memory per block (unused), and
 # stage 04; speed from the ablation run, resources and occupancy from the profile.
 occupancy_table() {
@@ -486,6 +525,10 @@ occupancy_table | process stages/04_smem_state/README.md 04_smem_state:occupancy
 ratio_table 07_swizzle_cp_async sdpa_flash | process stages/07_swizzle_cp_async/README.md 07_swizzle_cp_async:vs_flash
 ratio_table 09_tma_wgmma sdpa_cudnn fwd 1024 | process stages/09_tma_wgmma/README.md 09_tma_wgmma:vs_cudnn
 ratio_table 09_tma_wgmma sdpa_cudnn bwd 2048 | process stages/09_tma_wgmma/README.md 09_tma_wgmma:bwd_vs_cudnn
+peer_profile_table 08_warp_specialized:backward_dk_dv sdpa_flash:flash_bwd_dq_dk_dv |
+    process stages/08_warp_specialized/README.md 08_warp_specialized:vs_flash_profile
+peer_profile_table 09_tma_wgmma:backward_dk_dv 09_tma_wgmma:backward_dq sdpa_cudnn:flash_bprop |
+    process stages/09_tma_wgmma/README.md 09_tma_wgmma:vs_cudnn_profile
 roofline_table | process README.md roofline
 training_table | process README.md training
 training_table | process python/README.md training
