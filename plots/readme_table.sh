@@ -527,8 +527,8 @@ ratio_table 09_tma_wgmma sdpa_cudnn fwd 1024 | process stages/09_tma_wgmma/READM
 ratio_table 09_tma_wgmma sdpa_cudnn bwd 2048 | process stages/09_tma_wgmma/README.md 09_tma_wgmma:bwd_vs_cudnn
 peer_profile_table 08_warp_specialized:backward_dk_dv sdpa_flash:flash_bwd_dq_dk_dv |
     process stages/08_warp_specialized/README.md 08_warp_specialized:vs_flash_profile
-peer_profile_table 09_tma_wgmma:backward_dk_dv 09_tma_wgmma:backward_dq 09_tma_wgmma.atomic_dq:backward_dk_dv \
-    sdpa_cudnn:flash_bprop |
+peer_profile_table 09_tma_wgmma:backward_dk_dv 09_tma_wgmma.deterministic_dq:backward_dk_dv \
+    09_tma_wgmma.deterministic_dq:backward_dq sdpa_cudnn:flash_bprop |
     process stages/09_tma_wgmma/README.md 09_tma_wgmma:vs_cudnn_profile
 roofline_table | process README.md roofline
 training_table | process README.md training

@@ -1,5 +1,6 @@
-// Stage 09, backward - FlashAttention-2's backward pass on Hopper: wgmma, a TMA producer
-// warpgroup and two consumer warpgroups per block (the forward's structure).
+// Stage 09, backward - FlashAttention-2's backward pass on Hopper, with FlashAttention-3's five
+// products: wgmma, a TMA producer warpgroup and two consumer warpgroups per block (the forward's
+// structure).
 //
 // The idea: the forward saved only O and each row's log-sum-exp, so P is recomputed tile by tile
 // (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
@@ -10,24 +11,26 @@
 // and dSᵀ come out as accumulators that are the A operands of dV += Pᵀ dO and dK += dSᵀ Q straight
 // from registers. dQ's rows are queries, which every key block touches, so dQ is summed across
 // blocks in one of two ways (kAtomicDq):
-//   deterministic (as built, measured faster here): backward_dq gives each block 128 queries and
-//     walks over the key tiles, recomputing S and dP, and owns its dQ rows: seven products, no
-//     atomics, the same bits on every run.
-//   atomics (-DATOMIC_DQ=1): dSᵀ also goes to shared memory, where the wgmma of dQ += dS K reads
-//     it transposed; each warpgroup takes half of dQ's columns over all 128 keys, stages them in
-//     shared memory and adds them to a float dQ in global memory row by row with bulk reductions
-//     (cp.reduce.async.bulk: the L2 adds whole rows), which backward_dq_convert turns into fp16.
+//   atomics (as built, measured faster here): dSᵀ also goes to shared memory, where the wgmma of
+//     dQ += dS K reads it transposed. A warpgroup stages its dQ of the walked tile in shared
+//     memory, in the order its threads hold it, and a writer thread of the producer warpgroup adds
+//     the tile to a float dQ in global memory by one bulk reduction (cp.reduce.async.bulk: the L2
+//     does the adds), while the consumers go on; backward_dq_unpermute turns the sums into fp16.
 //     Five products; the order of the adds varies from run to run, so dQ's last bits do.
+//   deterministic (-DATOMIC_DQ=0): backward_dq gives each block 128 queries and walks over the key
+//     tiles, recomputing S and dP, and owns its dQ rows: seven products, no atomics, the same bits
+//     on every run.
 // In a tile, S (or Sᵀ) and dP (or dPᵀ) are two wgmma groups: the exponentials of P run while the
 // tensor cores compute dP. Their A operand, the block's own rows (K and V, or Q and dO), is loaded
 // into registers once (kOwnInRegisters), so the tensor cores read only the walked tile from shared
 // memory.
 // What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
-// warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers.
-// Limits: Hopper only; the walked tile is 64 rows; a consumer waits for each tile's dV, dK (and
-// dQ) products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured
-// slower); backward_dk_dv<128> reads K and V from shared memory (no registers left) and spills 8
-// bytes (its lse and delta of a walked tile are held in registers).
+// warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers; dQ
+// added by bulk reductions from a writer thread instead of by each warp's atomics.
+// Limits: Hopper only; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and dQ
+// products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
+// without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the
+// previous one has been read.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -41,12 +44,23 @@
 #define BWD_THREADS (128 * (BWD_GROUPS + 1))
 #define BWD_STAGES 2
 
-// dQ by atomics from the dK/dV kernel (1), or by the second, deterministic kernel (0: measured
-// faster here, lesson).
+// dQ by atomics from the dK/dV kernel (1: measured faster here, lesson), or by the second,
+// deterministic kernel (0).
 #ifndef ATOMIC_DQ
-#define ATOMIC_DQ 0
+#define ATOMIC_DQ 1
 #endif
 constexpr bool kAtomicDq = ATOMIC_DQ;
+
+// With atomic dQ at D = 64: each warpgroup sums dQ over its own 64 keys, all D columns (1), so the
+// warpgroups never wait for each other and the wgmma is 64 wide, and the writer adds both
+// groups' tiles (twice the adds in the L2); instead of each group taking D/2 columns over all 128
+// keys once both groups' dSᵀ are in shared memory (0, and always at D = 128, where a D-wide dQ
+// accumulator does not fit in the registers beside dK and dV).
+#ifndef DQ_PER_GROUP
+#define DQ_PER_GROUP 1
+#endif
+template <int D>
+constexpr bool kDqPerGroup = kAtomicDq && DQ_PER_GROUP && D == 64;
 
 // The owned tile's rows as A operands from registers (1), loaded once per block, instead of read
 // from shared memory by every wgmma of S and dP (0). Where the registers allow it: both kernels
@@ -67,21 +81,39 @@ constexpr bool kOwnInRegisters = OWN_IN_REGISTERS && (D == 64 || !kDkDv);
 constexpr bool kCrossTileOverlap = CROSS_TILE_OVERLAP;
 
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
-// ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, with atomic dQ two [BWD_OWN][64]
-// tiles of dSᵀ (keys as rows; one per walked tile, alternating) and each warpgroup's dQ share of
-// a walked tile in float ([BWD_GROUPS][BWD_WALK][DQ_PITCH]), then the mbarriers.
+// ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
+// walked rows' lse and delta ([BWD_GROUPS][2][2][BWD_WALK] floats, backward_dk_dv), with atomic dQ two [BWD_OWN][64]
+// tiles of dSᵀ (keys as rows; one per walked tile, alternating) and two slots of a walked tile's
+// dQ in float (DQ_TILE_ELEMS each, in the accumulators' order: see dq_stage_index), then the
+// mbarriers.
 template <int D> struct BwdLayout {
     static constexpr int OWN_ELEMS = BWD_OWN * D;
     static constexpr int WALK_ELEMS = BWD_WALK * D;
     static constexpr int DS_ELEMS = kAtomicDq ? BWD_OWN * BWD_WALK : 0;
-    // A warpgroup's D/2 columns of dQ, rows padded by 8 floats: the 8 rows g of a warp's float2
-    // stores start 8 banks apart, so each half-warp's stores fill the 32 banks once.
-    static constexpr int DQ_PITCH = D / 2 + 8;
-    static constexpr int DQ_STAGE_ELEMS = kAtomicDq ? BWD_GROUPS * BWD_WALK * DQ_PITCH : 0;
+    static constexpr int DQ_TILE_ELEMS = BWD_WALK * D;
+    static constexpr int DQ_GROUP_TILES = kDqPerGroup<D> ? BWD_GROUPS : 1;  // staged tiles per walked tile
+    // Two staging slots where they fit (D = 64), so that a tile's dQ need not wait for the
+    // previous one to be read; one at D = 128.
+    static constexpr int DQ_SLOTS = D == 64 ? 2 : 1;
+    static constexpr int DQ_STAGE_ELEMS = kAtomicDq ? DQ_SLOTS * DQ_GROUP_TILES * DQ_TILE_ELEMS : 0;
+    static constexpr int STATS_ELEMS = BWD_GROUPS * 2 * 2 * BWD_WALK;
     static constexpr size_t bytes = 1024 +
                                     sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
-                                    sizeof(float) * DQ_STAGE_ELEMS + sizeof(uint64_t) * (2 * BWD_STAGES + 1);
+                                    sizeof(float) * (DQ_STAGE_ELEMS + STATS_ELEMS) +
+                                    sizeof(uint64_t) * (2 * BWD_STAGES + 1 + 4);
 };
+
+// With atomic dQ a walked tile's 64 x D float dQ is staged, and summed in global memory, in the
+// order the consumer threads hold it, so that each thread stores float4s that its neighbours
+// continue (no bank conflicts) and one bulk reduction adds the whole tile: chunk j (columns 8j..,
+// registers 4j..4j+3) of warpgroup w's thread i (of 128) is at float (w * D/16 + j) * 512 + 4 i.
+// backward_dq_unpermute maps element (row, column) back; rows past S are summed and never read.
+template <int D>
+__host__ __device__ inline int dq_stage_index(int row, int col) {
+    const int group = col / (D / 2), group_col = col % (D / 2);                    // warpgroup w, its column
+    const int thread = row / 16 * 32 + row % 8 * 4 + group_col % 8 / 2;           // warp, g, t
+    return ((group * (D / 16) + group_col / 8) * 128 + thread) * 4 + row % 16 / 8 * 2 + col % 2;
+}
 
 // The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
 // (rows own0.., onto own_full) and then, for walked tile i = 0, 1, ..., rows walk0 + 64 i of the
@@ -89,8 +121,10 @@ template <int D> struct BwdLayout {
 struct BwdSmem {
     __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [BWD_STAGES][tile]
     __half *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
-    float *dq_stage;                          // [BWD_GROUPS][BWD_WALK][DQ_PITCH] (atomic dQ only)
+    float *dq_stage;                          // [2][DQ_TILE_ELEMS] (atomic dQ only)
+    float *stats;                             // [BWD_GROUPS][2][2][BWD_WALK]: walked rows' lse, delta
     uint64_t *full, *empty, *own_full;
+    uint64_t *dq_full, *dq_empty;             // [DQ_SLOTS] each: a slot staged, and added (atomic dQ)
 };
 
 template <int D>
@@ -103,9 +137,12 @@ __device__ inline BwdSmem bwd_smem(unsigned char *raw) {
     m.walk_b = m.walk_a + BWD_STAGES * L::WALK_ELEMS;
     m.ds = m.walk_b + BWD_STAGES * L::WALK_ELEMS;
     m.dq_stage = (float *)(m.ds + 2 * L::DS_ELEMS);
-    m.full = (uint64_t *)(m.dq_stage + L::DQ_STAGE_ELEMS);
+    m.stats = m.dq_stage + L::DQ_STAGE_ELEMS;
+    m.full = (uint64_t *)(m.stats + L::STATS_ELEMS);
     m.empty = m.full + BWD_STAGES;
     m.own_full = m.empty + BWD_STAGES;
+    m.dq_full = m.own_full + 1;
+    m.dq_empty = m.dq_full + 2;
     return m;
 }
 
@@ -232,24 +269,58 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     const int k0 = blockIdx.x * BWD_OWN;
     const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
     const int n_tiles = ceil_div(S, BWD_WALK) - first_tile;
+    if (ATOMIC && threadIdx.x == 0) {
+        for (int slot = 0; slot < BwdLayout<D>::DQ_SLOTS; slot++)
+            mbarrier_init(&m.dq_full[slot], 4 * BWD_GROUPS), mbarrier_init(&m.dq_empty[slot], 1);
+    }
     init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
             bwd_produce<D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
+        if (ATOMIC && threadIdx.x == 32) {
+            // The dQ writer: each staged tile is added to the float dQ by one bulk reduction of
+            // 64 x D floats (the L2 does the adds), and its slot handed back once it is read.
+            const size_t head_tiles = (size_t)head_index * ceil_div(S, BWD_WALK);
+            using L = BwdLayout<D>;
+            for (int tile = 0; tile < n_tiles; tile++) {
+                const int dq_slot = tile % L::DQ_SLOTS;
+                mbarrier_wait(&m.dq_full[dq_slot], (tile / L::DQ_SLOTS) & 1);
+                for (int part = 0; part < L::DQ_GROUP_TILES; part++)
+                    bulk_reduce_add_f32(dq_accum + (head_tiles + first_tile + tile) * L::DQ_TILE_ELEMS,
+                                        m.dq_stage + (dq_slot * L::DQ_GROUP_TILES + part) * L::DQ_TILE_ELEMS,
+                                        sizeof(float) * L::DQ_TILE_ELEMS);
+                bulk_commit();
+                bulk_wait_read<0>();
+                mbarrier_arrive(&m.dq_empty[dq_slot]);
+            }
+            bulk_wait<0>();  // the adds are done before the block's shared memory goes
+        }
     } else {
         setmaxnreg_inc<240>();
         const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
         const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + warp_row0;
         const float scale_log2 = scale * 1.4426950408889634f;
+        // A walked tile's lse and delta (queries past S: lse = infinity, so P = 0 there, and
+        // delta = 0): each thread of the group loads one of the 128 values a tile ahead and
+        // stores it to the group's slot for the tile, so that the 16 queries of a thread's
+        // columns are read from shared memory instead of held in registers.
         const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
-        // dQ (queries x D) of a walked tile: this warpgroup's D/2 columns from dq_col0, over all
-        // 128 keys: B = K's rows (N-major), starting dq_col0 columns into the owned K tile.
-        constexpr int DQ_COLS = D / 2;
-        const int dq_col0 = consumer * DQ_COLS;
-        const __half *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_col0 % 64;
+        const int stat = threadIdx.x % 128, stat_query = stat % BWD_WALK;  // stat < 64: lse, else delta
+        auto load_stat = [&](int tile) {
+            const int query = (first_tile + tile) * BWD_WALK + stat_query;
+            if (query >= S) return stat < BWD_WALK ? INFINITY : 0.0f;
+            return stat < BWD_WALK ? head_lse[query] : head_delta[query];
+        };
+        float next_stat = load_stat(0);
+        // dQ (queries x D) of a walked tile: this warpgroup's DQ_COLS columns from dq_col0 over
+        // DQ_KEYS keys from dq_key0: B = those rows and columns of the owned K tile (N-major).
+        constexpr bool kPerGroup = kDqPerGroup<D>;
+        constexpr int DQ_COLS = kPerGroup ? D : D / 2, DQ_KEYS = kPerGroup ? 64 : BWD_OWN;
+        const int dq_col0 = kPerGroup ? 0 : consumer * DQ_COLS, dq_key0 = kPerGroup ? group_row0 : 0;
+        const __half *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_key0 * 64 + dq_col0 % 64;
         float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
@@ -260,8 +331,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         float st_acc[32], dpt_acc[32];
         auto issue_st_dpt = [&](int tile) { k_and_v.issue_s_and_dp(st_acc, dpt_acc, m, tile); };
         auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BWD_STAGES]); };
-        // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ product waits
-        // for the other warpgroup.
+        // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ is staged
+        // between the tile's products.
         constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
 
         if (kOverlap) issue_st_dpt(0);
@@ -269,16 +340,12 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             const int slot = tile % BWD_STAGES, q_start = (first_tile + tile) * BWD_WALK;
             const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
             const __half *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
-            // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and D.
-            float col_lse[16], col_delta[16];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int query = q_start + 8 * j + 2 * t + e;
-                    col_lse[2 * j + e] = query < S ? head_lse[query] : INFINITY;  // P = 0 past S
-                    col_delta[2 * j + e] = query < S ? head_delta[query] : 0.0f;
-                }
+            // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and delta.
+            // The group's barrier also orders the slot's reads two tiles ago before this write.
+            float *col_lse = m.stats + (consumer * 2 + tile % 2) * 2 * BWD_WALK, *col_delta = col_lse + BWD_WALK;
+            col_lse[stat] = next_stat;
+            named_barrier_sync(2 + consumer, 128);
+            if (tile + 1 < n_tiles) next_stat = load_stat(tile + 1);
             if (!kOverlap) issue_st_dpt(tile);
             wgmma_wait<1>();  // with the overlap, also the previous tile's dV and dK products
             fence_operands<32>(st_acc);
@@ -291,7 +358,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
-                    const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - col_lse[2 * j + (e & 1)]);
+                    const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - col_lse[8 * j + 2 * t + (e & 1)]);
                     st_acc[4 * j + e] = diagonal && key > query ? 0.0f : p;
                 }
             wgmma_wait<0>();
@@ -301,7 +368,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    dpt_acc[4 * j + e] = st_acc[4 * j + e] * (dpt_acc[4 * j + e] - col_delta[2 * j + (e & 1)]);
+                    dpt_acc[4 * j + e] = st_acc[4 * j + e] * (dpt_acc[4 * j + e] - col_delta[8 * j + 2 * t + (e & 1)]);
             uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
             pack_a_frags<BWD_WALK>(pt_frag, st_acc);
             pack_a_frags<BWD_WALK>(dst_frag, dpt_acc);
@@ -314,55 +381,54 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             }
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BWD_WALK / 16; kk++) {
-                wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);   // dV += Pᵀ dO
-                wgmma_m64k16_rs<D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);  // dK += dSᵀ Q
-            }
+            for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dV += Pᵀ dO
+                wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);
             wgmma_commit();
             float dq_acc[DQ_COLS / 2];
             if constexpr (ATOMIC) {
-                // Both warpgroups' dSᵀ are in the tile: dQ += dS K for this group's columns. The
-                // other dSᵀ tile is written next, so this one is free again once both groups have
-                // passed the next tile's barrier.
-                named_barrier_sync(1, 128 * BWD_GROUPS);
+                // The keys' dSᵀ are in the tile (this group's, or both groups'): dQ = dS K for
+                // this group's columns, issued before dK so that it can be staged while dK runs.
+                // The other dSᵀ tile is written next, so this one is free again once the groups
+                // have passed the next tile's barrier.
+                if (kPerGroup)
+                    named_barrier_sync(2 + consumer, 128);
+                else
+                    named_barrier_sync(1, 128 * BWD_GROUPS);
 #pragma unroll
-                for (int kk = 0; kk < BWD_OWN / 16; kk++)
-                    wgmma_m64k16_ss<DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile, kk),
+                for (int kk = 0; kk < DQ_KEYS / 16; kk++)
+                    wgmma_m64k16_ss<DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile + dq_key0 * 64, kk),
                                                 desc_n_major<BWD_OWN>(k_cols, kk), kk > 0);
                 wgmma_commit();
             }
+#pragma unroll
+            for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dK += dSᵀ Q
+                wgmma_m64k16_rs<D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);
+            wgmma_commit();
             if (kOverlap) {
                 if (tile + 1 < n_tiles) issue_st_dpt(tile + 1);
                 continue;
             }
+            if constexpr (ATOMIC) {
+                wgmma_wait<1>();  // dV and dQ; dK still runs
+                fence_operands<DQ_COLS / 2>(dq_acc);
+                // dQ into its staging slot once the writer warp has added the slot's last tile,
+                // then handed to the writer, which adds it to the float dQ in global memory.
+                constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
+                const int dq_slot = tile % DQ_SLOTS;
+                if (tile >= DQ_SLOTS) mbarrier_wait(&m.dq_empty[dq_slot], (tile / DQ_SLOTS - 1) & 1);
+                float *stage = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
+                                                BwdLayout<D>::DQ_TILE_ELEMS;
+#pragma unroll
+                for (int j = 0; j < DQ_COLS / 8; j++)
+                    *(float4 *)(stage + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t)) =
+                        make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+                fence_proxy_async_shared();
+                mbarrier_arrive_warp(&m.dq_full[dq_slot]);
+            }
             wgmma_wait<0>();
             fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
             release(tile);
-            if constexpr (ATOMIC) {
-                fence_operands<DQ_COLS / 2>(dq_acc);
-                // The warp's 16 rows of its dQ share go to shared memory, and lane l < 16 adds
-                // row l to the float dQ by one bulk reduction (rows past S not added): the L2
-                // adds whole rows, not one atomic per pair of floats. Lane l's previous add must
-                // have read the row before it is overwritten.
-                float *stage_rows = m.dq_stage + (group_row0 + warp_row0) * BwdLayout<D>::DQ_PITCH;
-                if (lane < 16) bulk_wait_read<0>();
-                __syncwarp();
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int j = 0; j < DQ_COLS / 8; j++)
-                        *(float2 *)(stage_rows + (g + 8 * r) * BwdLayout<D>::DQ_PITCH + 8 * j + 2 * t) =
-                            make_float2(dq_acc[4 * j + 2 * r], dq_acc[4 * j + 2 * r + 1]);
-                fence_proxy_async_shared();
-                __syncwarp();
-                const int query = q_start + warp_row0 + lane;
-                if (lane < 16 && query < S)
-                    bulk_reduce_add_f32(dq_accum + ((size_t)head_index * S + query) * D + dq_col0,
-                                        stage_rows + lane * BwdLayout<D>::DQ_PITCH, sizeof(float) * DQ_COLS);
-                if (lane < 16) bulk_commit();
-            }
         }
-        if (ATOMIC && lane < 16) bulk_wait<0>();  // the adds are done before the block's memory goes
         wgmma_wait<0>();
         fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
         const size_t head = (size_t)head_index * S * D;
@@ -468,6 +534,24 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 #endif
 }
 
+// dQ = scale * the float sums of the atomic dQ, un-permuted from the staging order
+// (dq_stage_index) into [B, H, S, D] fp16; one thread per pair of columns.
+template <int D>
+__global__ void backward_dq_unpermute(const float *dq_accum, __half *dq, int S, size_t pairs, float scale) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = i / (D / 2);               // of all B*H*S rows
+        const int col = 2 * (int)(i % (D / 2)), head_index = (int)(row / S), query = (int)(row % S);
+        const size_t tile = (size_t)head_index * ceil_div(S, BWD_WALK) + query / BWD_WALK;
+        const float2 x = *(const float2 *)(dq_accum + tile * BWD_WALK * D + dq_stage_index<D>(query % BWD_WALK, col));
+        *(__half2 *)(dq + row * D + col) = __floats2half2_rn(x.x * scale, x.y * scale);
+    }
+}
+
+// The float dQ of the atomic build: BWD_WALK-row tiles per head, the last one padded.
+static size_t dq_accum_elems(const attn_shape *s) {
+    return (size_t)s->batch * s->heads * ceil_div(s->seq, BWD_WALK) * BWD_WALK * s->dim;
+}
+
 template <int D>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     const int heads_total = s->batch * s->heads;
@@ -485,7 +569,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const size_t smem = BwdLayout<D>::bytes;
     if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D, kAtomicDq>, smem);
     if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, smem);
-    if (err == cudaSuccess && kAtomicDq) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * attn_elems(s), stream);
+    if (err == cudaSuccess && kAtomicDq) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * dq_accum_elems(s), stream);
     if (err != cudaSuccess) return err;
     const dim3 grid(ceil_div(s->seq, BWD_OWN), s->heads, s->batch);
     const float scale = 1.0f / sqrtf((float)D);
@@ -493,7 +577,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
                                                                       (__half *)t->dk, (__half *)t->dv, dq_accum,
                                                                       s->seq, scale, s->causal);
     if (kAtomicDq)
-        launch_backward_dq_convert(s, t, scale, stream);
+        backward_dq_unpermute<D><<<1024, 256, 0, stream>>>(dq_accum, (__half *)t->dq, s->seq, attn_elems(s) / 2, scale);
     else
         backward_dq<D><<<grid, BWD_THREADS, smem, stream>>>(own[0], walk[1], walk[2], own[3], lse, delta,
                                                             (__half *)t->dq, s->seq, scale, s->causal);
@@ -502,7 +586,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
 
 // The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ.
 size_t stage09_backward_scratch_bytes(const attn_shape *s) {
-    return kAtomicDq ? delta_and_dq_accum_scratch_bytes(s) : delta_scratch_bytes(s);
+    return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * dq_accum_elems(s) : delta_scratch_bytes(s);
 }
 
 size_t stage09_backward_shared_bytes(const attn_shape *s) {
