@@ -82,10 +82,10 @@ constexpr bool kCrossTileOverlap = CROSS_TILE_OVERLAP;
 
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
 // ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
-// walked rows' lse and delta ([BWD_GROUPS][2][2][BWD_WALK] floats, backward_dk_dv), with atomic dQ two [BWD_OWN][64]
-// tiles of dSᵀ (keys as rows; one per walked tile, alternating) and two slots of a walked tile's
-// dQ in float (DQ_TILE_ELEMS each, in the accumulators' order: see dq_stage_index), then the
-// mbarriers.
+// walked rows' lse and delta ([BWD_GROUPS][2][2][BWD_WALK] floats, backward_dk_dv); with atomic dQ
+// two [BWD_OWN][64] tiles of dSᵀ (keys as rows; one per walked tile, alternating) and DQ_SLOTS
+// slots of a walked tile's dQ in float (DQ_GROUP_TILES tiles of DQ_TILE_ELEMS each, in the
+// accumulators' order: see dq_stage_index); then the mbarriers.
 template <int D> struct BwdLayout {
     static constexpr int OWN_ELEMS = BWD_OWN * D;
     static constexpr int WALK_ELEMS = BWD_WALK * D;
@@ -100,13 +100,14 @@ template <int D> struct BwdLayout {
     static constexpr size_t bytes = 1024 +
                                     sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
                                     sizeof(float) * (DQ_STAGE_ELEMS + STATS_ELEMS) +
-                                    sizeof(uint64_t) * (2 * BWD_STAGES + 1 + 4);
+                                    sizeof(uint64_t) * (2 * BWD_STAGES + 1 + 2 * DQ_SLOTS);
 };
 
 // With atomic dQ a walked tile's 64 x D float dQ is staged, and summed in global memory, in the
 // order the consumer threads hold it, so that each thread stores float4s that its neighbours
 // continue (no bank conflicts) and one bulk reduction adds the whole tile: chunk j (columns 8j..,
-// registers 4j..4j+3) of warpgroup w's thread i (of 128) is at float (w * D/16 + j) * 512 + 4 i.
+// registers 4j..4j+3) of column half w (a warpgroup's share where the groups split the columns)
+// held by thread i (of 128) of a warpgroup is at float (w * D/16 + j) * 512 + 4 i.
 // backward_dq_unpermute maps element (row, column) back; rows past S are summed and never read.
 template <int D>
 __host__ __device__ inline int dq_stage_index(int row, int col) {
@@ -121,7 +122,7 @@ __host__ __device__ inline int dq_stage_index(int row, int col) {
 struct BwdSmem {
     __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [BWD_STAGES][tile]
     __half *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
-    float *dq_stage;                          // [2][DQ_TILE_ELEMS] (atomic dQ only)
+    float *dq_stage;                          // [DQ_SLOTS][DQ_GROUP_TILES][DQ_TILE_ELEMS] (atomic dQ)
     float *stats;                             // [BWD_GROUPS][2][2][BWD_WALK]: walked rows' lse, delta
     uint64_t *full, *empty, *own_full;
     uint64_t *dq_full, *dq_empty;             // [DQ_SLOTS] each: a slot staged, and added (atomic dQ)
@@ -142,7 +143,7 @@ __device__ inline BwdSmem bwd_smem(unsigned char *raw) {
     m.empty = m.full + BWD_STAGES;
     m.own_full = m.empty + BWD_STAGES;
     m.dq_full = m.own_full + 1;
-    m.dq_empty = m.dq_full + 2;
+    m.dq_empty = m.dq_full + L::DQ_SLOTS;
     return m;
 }
 
@@ -269,7 +270,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     const int k0 = blockIdx.x * BWD_OWN;
     const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
     const int n_tiles = ceil_div(S, BWD_WALK) - first_tile;
-    if (ATOMIC && threadIdx.x == 0) {
+    if (ATOMIC && threadIdx.x == 0) {  // published by init_tma_ring's fence and __syncthreads
         for (int slot = 0; slot < BwdLayout<D>::DQ_SLOTS; slot++)
             mbarrier_init(&m.dq_full[slot], 4 * BWD_GROUPS), mbarrier_init(&m.dq_empty[slot], 1);
     }
