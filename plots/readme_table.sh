@@ -17,6 +17,7 @@ if [ "$mode" = --report ]; then csv=${2:?usage: readme_table.sh --report CSV OUT
 ablations_csv=${csv%.csv}_ablations.csv
 profiles_csv=${csv%.csv}_profiles.csv
 ceilings_csv=${csv%.csv}_ceilings.csv
+slug=$(basename "${csv%.csv}")  # the GPU's name in file names: h100
 
 # The course table: each stage and peer at S = 4096 on the sweep, plus the small shape.
 course_table() {
@@ -214,7 +215,7 @@ ablation_table() {
 profile_table() {
     local stage=$1 file=${profiles_csv}
     [ -f "$file" ] || { echo "_No profile committed yet ($file)._"; return 0; }
-    awk -F, -v stage="$stage" '
+    awk -F, -v stage="$stage" -v profiles="$file" -v slug="$slug" '
     NR == 1 { next }
     $2 == stage || index($2, stage ".") == 1 {
         key = $2 SUBSEP $3 SUBSEP $4
@@ -242,7 +243,7 @@ profile_table() {
         if (n == 0) { print "_No profile of " stage " in the committed CSV._"; exit }
         for (x in stall) { split(x, p, SUBSEP); reasons[p[4]] = 1 }
         cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
-        print "Nsight Compute on the " gpu " (`plots/profiles.sh`, commit " cs "), S = 4096, B = 4, H*D = 2048, non-causal; every kernel of one run. Full pages in `docs/profiles/" stage "_h100_ncu.txt`, metrics in `plots/data/h100_profiles.csv`:"
+        print "Nsight Compute on the " gpu " (`plots/profiles.sh`, commit " cs "), S = 4096, B = 4, H*D = 2048, non-causal; every kernel of one run. Full pages in `docs/profiles/" stage "_" slug "_ncu.txt`, metrics in `" profiles "`:"
         print ""
         line = "| metric"; rule = "|---"
         for (i = 1; i <= n; i++) { split(keys[i], p, SUBSEP)
@@ -286,7 +287,7 @@ profile_table() {
 # sdpa_<backend> rows): one column per BUILD:KERNEL and D, KERNEL matched as a part of the name.
 peer_profile_table() {  # peer_profile_table BUILD:KERNEL...
     [ -f "$profiles_csv" ] || { echo "_No profile committed yet ($profiles_csv)._"; return 0; }
-    awk -F, -v specs="$*" '
+    awk -F, -v specs="$*" -v profiles="$profiles_csv" '
     BEGIN { n = split(specs, spec, " ") }
     NR == 1 { next }
     { for (i = 1; i <= n; i++) { split(spec[i], p, ":")
@@ -300,7 +301,7 @@ peer_profile_table() {  # peer_profile_table BUILD:KERNEL...
     END {
         if (!(64 in d) || !(128 in d)) { print "_No profile of " specs " in the committed CSV._"; exit }
         cs = ""; for (x in commit) cs = cs (cs == "" ? "" : ", ") x
-        print "Nsight Compute on the " gpu " (`plots/profiles.sh`; " cs "), S = 4096, B = 4, H*D = 2048, non-causal, one run of each program; metrics in `plots/data/h100_profiles.csv`:"
+        print "Nsight Compute on the " gpu " (`plots/profiles.sh`; " cs "), S = 4096, B = 4, H*D = 2048, non-causal, one run of each program; metrics in `" profiles "`:"
         print ""
         line = "| metric"; rule = "|---"
         for (D = 64; D <= 128; D += 64) for (i = 1; i <= n; i++) { split(spec[i], p, ":")
@@ -334,7 +335,7 @@ occupancy_table() {
     $col["direction"] == "fwd" && $col["causal"] == 0 { tf[$col["stage"], $col["dim"]] = $col["tflops"]; commit = $col["commit"] }
     function get(b, d, k) { return (b, d, k) in m ? m[b, d, k] : "-" }
     END {
-        print "On the " gpu ": TFLOP/s at S = 4096, non-causal (`" FILENAME "`, commit " commit "); resources and occupancy from Nsight Compute (`plots/data/h100_profiles.csv`):"
+        print "On the " gpu ": TFLOP/s at S = 4096, non-causal (`" FILENAME "`, commit " commit "); resources and occupancy from Nsight Compute (`" profiles "`):"
         print ""
         print "| build | D | TFLOP/s | shared memory per block (bytes) | registers per thread | blocks per SM: registers / shared memory | theoretical occupancy % | achieved occupancy % |"
         print "|---|---:|---:|---:|---:|---|---:|---:|"
