@@ -60,6 +60,13 @@
 #ifndef PERSISTENT
 #define PERSISTENT 1
 #endif
+// One consumer warpgroup per block (64 query rows) where blocks of 64 rows do not outnumber the
+// SMs (1): twice the blocks of two warpgroups, each with half the rows, and a lone warpgroup's
+// products do not share the tensor cores, so a block's chain of dependent steps is shorter. Or
+// two warpgroups there too (0).
+#ifndef SMALL_ONE_GROUP
+#define SMALL_ONE_GROUP 1
+#endif
 // Consumer warpgroups (64 query rows each) at D = 64 without a causal mask, where their 192-row
 // tiles give every SM one. Everywhere else two: at D = 128 a consumer's S, O and P alone take 160
 // registers, all that three groups would leave each; causal, a 192-row block wastes more of its
@@ -81,6 +88,7 @@ constexpr bool kIntraOverlap = INTRA_OVERLAP;
 constexpr bool kOverlapThreeGroups = OVERLAP_THREE_GROUPS;
 constexpr bool kEx2Approx = EX2_APPROX;
 constexpr bool kPersistent = PERSISTENT;
+constexpr bool kSmallOneGroup = SMALL_ONE_GROUP;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
@@ -92,7 +100,7 @@ template <int D, int GROUPS_> struct FwdLayout {
     static constexpr int THREADS = 128 * (GROUPS + 1);            // and the producer warpgroup
     static constexpr int BLOCK_ROWS = GROUPS * GROUP_ROWS;        // query rows per block
     // Registers per consumer thread after setmaxnreg: the producer keeps 24 of a block's 65,536.
-    static constexpr int CONSUMER_REGS = GROUPS == 2 ? 240 : 160;
+    static constexpr int CONSUMER_REGS = GROUPS == 3 ? 160 : 240;
     static_assert(128 * 24 + 128 * GROUPS * CONSUMER_REGS <= 65536, "register file");
     static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
     static constexpr int Q_ELEMS = BLOCK_ROWS * D;
@@ -180,14 +188,15 @@ __device__ __forceinline__ void rescale_rows(float (&o_acc)[D / 2], const float 
 
 // Ping-pong: consumer warpgroup c may issue its products once it holds the turn (named barrier
 // 1 + c, which warpgroup c - 1 arrives on when it passes the turn on), so the groups issue in
-// the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products.
+// the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products. A lone
+// consumer warpgroup has no one to take turns with.
 template <int GROUPS> struct Turns {
     int consumer;
     __device__ void take() const {
-        if (kPingPong) named_barrier_sync(1 + consumer, 256);
+        if (kPingPong && GROUPS > 1) named_barrier_sync(1 + consumer, 256);
     }
     __device__ void pass() const {
-        if (kPingPong) named_barrier_arrive(1 + (consumer + 1) % GROUPS, 256);
+        if (kPingPong && GROUPS > 1) named_barrier_arrive(1 + (consumer + 1) % GROUPS, 256);
     }
 };
 
@@ -311,7 +320,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
                 mbarrier_wait<true>(q_full, tiles_done & 1);
 
-                if constexpr (kIntraOverlap && (GROUPS == 2 || kOverlapThreeGroups)) {
+                if constexpr (kIntraOverlap && (GROUPS <= 2 || kOverlapThreeGroups)) {
                     // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
                     // P_{n-1} V_{n-1}; wait for S_n only (the older group) and run its softmax
                     // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
@@ -430,6 +439,9 @@ cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStre
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
+    const int tiles_of_64_rows = ceil_div(s->seq, GROUP_ROWS) * s->batch * s->heads;
+    if (kSmallOneGroup && tiles_of_64_rows <= sms)  // every block an SM of its own
+        return s->dim == 128 ? launch_forward<128, 1>(s, t, sms, stream) : launch_forward<64, 1>(s, t, sms, stream);
     if (s->dim == 128) return launch_forward<128, 2>(s, t, sms, stream);
     const int wide_tiles = ceil_div(s->seq, FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS) * s->batch * s->heads;
     if (!s->causal && wide_tiles >= sms) return launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
