@@ -121,6 +121,16 @@ __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x
         : "memory");
 }
 
+// The reverse: one box of shared memory, laid out as the tensor map's box (in its swizzle), to the
+// tensor at coordinates (x, y, z); the parts of the box outside the tensor are not written. The
+// smem_src writes need fence_proxy_async_shared and a barrier first; completion is tracked like
+// the bulk reductions' below (bulk_commit, bulk_wait_read).
+__device__ inline void tma_store_3d(const CUtensorMap *map, const void *smem_src, int x, int y, int z) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(map),
+                 "r"(smem_address(smem_src)), "r"(x), "r"(y), "r"(z)
+                 : "memory");
+}
+
 // global_dst[i] += smem_src[i] for `bytes` (a multiple of 16, both addresses 16-byte aligned) of
 // floats, done by the copy engine and the L2 as one bulk operation instead of one atomic per
 // element. The smem_src writes need fence_proxy_async_shared and a barrier first. Completion is

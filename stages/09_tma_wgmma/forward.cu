@@ -8,7 +8,7 @@
 // warp holds as many registers as a consumer. Here the copy engine fills shared memory, the tensor
 // cores read it themselves, and the producer gives its registers away:
 //   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for a query tile's Q,
-//     then for each key tile K into the K ring and V into the V ring (slot t % STAGES), each after
+//     then for each key tile K into the K ring and V into the V ring (slot t % K_STAGES, t % V_STAGES), each after
 //     the consumers released that slot; the copy engine counts the bytes onto the slot's barrier.
 //   consumers (warpgroups 1..; 64 query rows each): S = Q Kᵀ with wgmma (both operands in shared
 //     memory), mask and online softmax in registers, O += P V with wgmma (P from registers).
@@ -21,15 +21,18 @@
 //     continue through the same ring, so a tile's fill overlaps the previous tile's end;
 //   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
+//   O through shared memory (kTmaStoreO): a warpgroup writes O / l to a staging tile and one of
+//     its threads hands it to the copy engine (a TMA store), so the warpgroup starts its next
+//     query tile at once instead of after 4-byte global stores from every thread.
 // What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of
 // a producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync;
 // setmaxnreg; warpgroups instead of warps; 64 query rows per warpgroup and 128-key tiles; the
 // 128-byte swizzle that TMA writes and wgmma reads (common/wgmma_ptx.cuh); the schedule above.
 // The online softmax and the log-sum-exp (log2 units) written to the workspace for the backward
 // pass (backward.cu) are stage 08's.
-// Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); O is
-// stored from registers (no TMA store), so a query tile's epilogue still delays the next tile's
-// first product; the static schedule balances whole units of work, not the time they take.
+// Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); a
+// query tile's first S and softmax and its last P V still have nothing of the same warpgroup to
+// overlap with; the static schedule balances whole units of work, not the time they take.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -75,13 +78,25 @@
 #ifndef CONSUMERS_D64
 #define CONSUMERS_D64 3
 #endif
+// O written through shared memory by a TMA store (1): each thread puts its share of O into a
+// staging tile (a few fast shared-memory stores), one thread hands the tile to the copy engine,
+// and the warpgroup goes on to its next query tile at once. Or each thread stores its O to global
+// memory itself (0): 4-byte stores from registers, which the warps must issue before they go on.
+#ifndef TMA_STORE_O
+#define TMA_STORE_O 1
+#endif
 // Ring slots. With the overlap, a warpgroup holds two V slots at once (tile n - 1's, read by
-// the P V in flight, and tile n's), so two slots leave the producer nothing to prefetch into.
+// the P V in flight, and tile n's), so two V slots leave the producer nothing to prefetch into.
+// A K slot is free again as soon as its S = Q Kᵀ is done, early in the same step, so K needs
+// fewer: at D = 128 two K slots and three V slots leave room for O's staging tile.
 #ifndef STAGES_D64
 #define STAGES_D64 4
 #endif
-#ifndef STAGES_D128
-#define STAGES_D128 3
+#ifndef K_STAGES_D128
+#define K_STAGES_D128 2
+#endif
+#ifndef V_STAGES_D128
+#define V_STAGES_D128 3
 #endif
 constexpr bool kPingPong = PINGPONG;
 constexpr bool kIntraOverlap = INTRA_OVERLAP;
@@ -89,6 +104,7 @@ constexpr bool kOverlapThreeGroups = OVERLAP_THREE_GROUPS;
 constexpr bool kEx2Approx = EX2_APPROX;
 constexpr bool kPersistent = PERSISTENT;
 constexpr bool kSmallOneGroup = SMALL_ONE_GROUP;
+constexpr bool kTmaStoreO = TMA_STORE_O;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
@@ -102,14 +118,17 @@ template <int D, int GROUPS_> struct FwdLayout {
     // Registers per consumer thread after setmaxnreg: the producer keeps 24 of a block's 65,536.
     static constexpr int CONSUMER_REGS = GROUPS == 3 ? 160 : 240;
     static_assert(128 * 24 + 128 * GROUPS * CONSUMER_REGS <= 65536, "register file");
-    static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
+    static constexpr int K_STAGES = D == 64 ? STAGES_D64 : K_STAGES_D128;
+    static constexpr int V_STAGES = D == 64 ? STAGES_D64 : V_STAGES_D128;
+    static constexpr int SLOTS = K_STAGES + V_STAGES;
     static constexpr int Q_ELEMS = BLOCK_ROWS * D;
+    static constexpr int O_ELEMS = kTmaStoreO ? Q_ELEMS : 0;
     static constexpr int TILE_ELEMS = KEY_TILE * D;
-    // Q [D/64][BLOCK_ROWS][64], the K ring and the V ring [STAGES][D/64][KEY_TILE][64], then the
-    // mbarriers (full and empty for each K and V slot, and Q's); 1024 spare bytes to align the
-    // start to a swizzle atom.
-    static constexpr size_t bytes =
-        1024 + sizeof(__half) * (Q_ELEMS + 2 * STAGES * TILE_ELEMS) + sizeof(uint64_t) * (4 * STAGES + 2);
+    // Q [D/64][BLOCK_ROWS][64], the K ring [K_STAGES][D/64][KEY_TILE][64], the V ring likewise,
+    // O's staging tile (Q's layout), then the mbarriers (full and empty for each K and V slot, and
+    // Q's); 1024 spare bytes to align the start to a swizzle atom.
+    static constexpr size_t bytes = 1024 + sizeof(__half) * (Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
+                                    sizeof(uint64_t) * (2 * SLOTS + 2);
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
@@ -186,6 +205,26 @@ __device__ __forceinline__ void rescale_rows(float (&o_acc)[D / 2], const float 
         for (int e = 0; e < 4; e++) o_acc[4 * j + e] *= alpha[e / 2];
 }
 
+// O / l of this thread's rows into O's staging tile, as fp16 in the tile's 128-byte swizzle (what
+// the TMA store reads): o_acc[4j + 2r], o_acc[4j + 2r + 1] are row g + 8r of the warp's 16 (from
+// `row0` in the tile), columns 8j + 2t, +1, that is chunk j % 8 of 64-column slab j / 8. The
+// chunk goes to c ^ (row % 8) = c ^ g; one instruction's 32 lanes hit 32 different banks.
+template <int D, int BLOCK_ROWS>
+__device__ __forceinline__ void store_o_tile(__half *o_tile, int row0, const float (&o_acc)[D / 2],
+                                             const float (&inv)[2], int g, int t) {
+    const uint32_t row_address = smem_address(o_tile + (row0 + g) * SLAB) + 4 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t address = row_address + (j / 8) * BLOCK_ROWS * SLAB * sizeof(__half) +
+                                     8 * r * SLAB * sizeof(__half) + (((j % 8) ^ g) << 4);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address),
+                         "r"(pack_half2(o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]))
+                         : "memory");
+        }
+}
+
 // Ping-pong: consumer warpgroup c may issue its products once it holds the turn (named barrier
 // 1 + c, which warpgroup c - 1 arrives on when it passes the turn on), so the groups issue in
 // the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products. A lone
@@ -229,26 +268,27 @@ struct Schedule {
 template <int D, int GROUPS>
 __global__ void __launch_bounds__(FwdLayout<D, GROUPS>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-              const __grid_constant__ CUtensorMap v_map, __half *o, float *lse_log2, int S, float scale,
-              int causal, Schedule schedule) {
+              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, __half *o,
+              float *lse_log2, int S, float scale, int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS>;
-    constexpr int STAGES = L::STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
+    constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
     __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     __half *k_ring = q_tile + L::Q_ELEMS;
-    __half *v_ring = k_ring + STAGES * L::TILE_ELEMS;
-    // full[s]: K tile in slot s landed, full[STAGES + s]: V tile; empty[...]: the consumers are done
-    // with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full and
+    __half *v_ring = k_ring + K_STAGES * L::TILE_ELEMS;
+    __half *o_tile = v_ring + V_STAGES * L::TILE_ELEMS;  // [D/64][BLOCK_ROWS][64], if kTmaStoreO
+    // full[s]: K tile in slot s landed, full[K_STAGES + s]: V tile; empty[...]: the consumers are
+    // done with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full and
     // q_empty hand the Q tile over the same way, once per query tile.
-    uint64_t *full = (uint64_t *)(v_ring + STAGES * L::TILE_ELEMS);
-    uint64_t *empty = full + 2 * STAGES;
-    uint64_t *q_full = empty + 2 * STAGES, *q_empty = q_full + 1;
-    uint64_t *k_full = full, *v_full = full + STAGES, *k_empty = empty, *v_empty = empty + STAGES;
+    uint64_t *full = (uint64_t *)(o_tile + L::O_ELEMS);
+    uint64_t *empty = full + L::SLOTS;
+    uint64_t *q_full = empty + L::SLOTS, *q_empty = q_full + 1;
+    uint64_t *k_full = full, *v_full = full + K_STAGES, *k_empty = empty, *v_empty = empty + K_STAGES;
     const int group = threadIdx.x / 128;
 
     if (threadIdx.x == 0) mbarrier_init(q_empty, 4 * L::GROUPS);  // the ring's set-up syncs the block
-    init_tma_ring(full, empty, 2 * STAGES, 4 * L::GROUPS, q_full);
+    init_tma_ring(full, empty, L::SLOTS, 4 * L::GROUPS, q_full);
 
     // Both roles walk the same tiles in the same order; ring slots are numbered across them.
     if (group == 0) {
@@ -256,6 +296,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
+            if (kTmaStoreO) tma_prefetch_descriptor(&o_map);
             int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
             for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
                 for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
@@ -267,19 +308,18 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     for (int c = 0; c < D / SLAB; c++)
                         tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
                     for (int tile = 0; tile < n_tiles; tile++, ring++) {
-                        const int slot = ring % STAGES;
-                        const unsigned parity = (ring / STAGES - 1) & 1;
                         const int row = tile * KEY_TILE;
-                        if (ring >= STAGES) mbarrier_wait<true>(&k_empty[slot], parity);
-                        mbarrier_arrive_expect_tx(&k_full[slot], sizeof(__half) * L::TILE_ELEMS);
+                        const int k_slot = ring % K_STAGES, v_slot = ring % V_STAGES;
+                        if (ring >= K_STAGES) mbarrier_wait<true>(&k_empty[k_slot], (ring / K_STAGES - 1) & 1);
+                        mbarrier_arrive_expect_tx(&k_full[k_slot], sizeof(__half) * L::TILE_ELEMS);
                         for (int c = 0; c < D / SLAB; c++)
-                            tma_load_3d(k_ring + slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &k_map, c * SLAB, row,
-                                        head_index, &k_full[slot]);
-                        if (ring >= STAGES) mbarrier_wait<true>(&v_empty[slot], parity);
-                        mbarrier_arrive_expect_tx(&v_full[slot], sizeof(__half) * L::TILE_ELEMS);
+                            tma_load_3d(k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &k_map, c * SLAB, row,
+                                        head_index, &k_full[k_slot]);
+                        if (ring >= V_STAGES) mbarrier_wait<true>(&v_empty[v_slot], (ring / V_STAGES - 1) & 1);
+                        mbarrier_arrive_expect_tx(&v_full[v_slot], sizeof(__half) * L::TILE_ELEMS);
                         for (int c = 0; c < D / SLAB; c++)
-                            tma_load_3d(v_ring + slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &v_map, c * SLAB, row,
-                                        head_index, &v_full[slot]);
+                            tma_load_3d(v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &v_map, c * SLAB, row,
+                                        head_index, &v_full[v_slot]);
                     }
                 }
         }
@@ -297,15 +337,19 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // Ring slots of the query tile's key tile n: wait for K (or V) to land; release them (one
         // arrival per warp) once their last reader, S = Q Kᵀ (or P V), has completed.
         auto k_of = [&](int n) {
-            mbarrier_wait<true>(&k_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
-            return k_ring + (ring + n) % STAGES * L::TILE_ELEMS;
+            mbarrier_wait<true>(&k_full[(ring + n) % K_STAGES], ((ring + n) / K_STAGES) & 1);
+            return k_ring + (ring + n) % K_STAGES * L::TILE_ELEMS;
         };
         auto v_of = [&](int n) {
-            mbarrier_wait<true>(&v_full[(ring + n) % STAGES], ((ring + n) / STAGES) & 1);
-            return v_ring + (ring + n) % STAGES * L::TILE_ELEMS;
+            mbarrier_wait<true>(&v_full[(ring + n) % V_STAGES], ((ring + n) / V_STAGES) & 1);
+            return v_ring + (ring + n) % V_STAGES * L::TILE_ELEMS;
         };
-        auto release_k = [&](int n) { mbarrier_arrive_warp(&k_empty[(ring + n) % STAGES]); };
-        auto release_v = [&](int n) { mbarrier_arrive_warp(&v_empty[(ring + n) % STAGES]); };
+        auto release_k = [&](int n) { mbarrier_arrive_warp(&k_empty[(ring + n) % K_STAGES]); };
+        auto release_v = [&](int n) { mbarrier_arrive_warp(&v_empty[(ring + n) % V_STAGES]); };
+        // One thread of each warpgroup issues its O stores; the warpgroup's own named barrier
+        // (ids 4.., after the turns') orders its threads' writes of the staging tile around them.
+        const bool o_storer = threadIdx.x % 128 == 0;
+        const int o_barrier = 4 + consumer;
 
         for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
             for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
@@ -388,29 +432,50 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 ring += n_tiles;
 
                 // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
-                const size_t head = (size_t)head_index * S * D;
+                float inv[2];
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     float l = row_sum[r];
                     l += __shfl_xor_sync(0xffffffffu, l, 1);
                     l += __shfl_xor_sync(0xffffffffu, l, 2);
-                    const float inv = 1.0f / l;
+                    inv[r] = 1.0f / l;
                     const int query = first_query + g + 8 * r;
-                    if (query < S) {
+                    if (query < S && t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
+                }
+                if constexpr (kTmaStoreO) {
+                    // The staging tile is free once the previous query tile's store has read it.
+                    if (o_storer) bulk_wait_read<0>();
+                    named_barrier_sync(o_barrier, 128);
+                    store_o_tile<D, BLOCK_ROWS>(o_tile, warp_row0, o_acc, inv, g, t);
+                    fence_proxy_async_shared();
+                    named_barrier_sync(o_barrier, 128);
+                    if (o_storer) {  // the warpgroup's 64 rows; rows past S are not written
+                        for (int c = 0; c < D / SLAB; c++)
+                            tma_store_3d(&o_map, o_tile + c * BLOCK_ROWS * SLAB + consumer * GROUP_ROWS * SLAB, c * SLAB,
+                                         q0 + consumer * GROUP_ROWS, head_index);
+                        bulk_commit();
+                    }
+                } else {
+                    const size_t head = (size_t)head_index * S * D;
 #pragma unroll
-                        for (int j = 0; j < D / 8; j++)
-                            *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
-                                __floats2half2_rn(o_acc[4 * j + 2 * r] * inv, o_acc[4 * j + 2 * r + 1] * inv);
-                        if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
+                    for (int r = 0; r < 2; r++) {
+                        const int query = first_query + g + 8 * r;
+                        if (query < S)
+#pragma unroll
+                            for (int j = 0; j < D / 8; j++)
+                                *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) = __floats2half2_rn(
+                                    o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]);
                     }
                 }
             }
+        // The block's shared memory must outlive the last store's reads of it.
+        if (kTmaStoreO && o_storer) bulk_wait_read<0>();
         // Group 0 takes the turn the last group passed after its last products, so that no
         // arrival is left pending on a named barrier when the block exits.
         if (consumer == 0) turns.take();
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
+    (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
         (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups;
 #endif
 }
@@ -419,17 +484,18 @@ template <int D, int GROUPS>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
     using L = FwdLayout<D, GROUPS>;
     const int heads_total = s->batch * s->heads;
-    CUtensorMap q_map, k_map, v_map;
+    CUtensorMap q_map, k_map, v_map, o_map;  // O's box: one warpgroup's rows
     cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, L::BLOCK_ROWS);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&o_map, t->o, heads_total, s->seq, D, GROUP_ROWS);
     if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
     const Schedule schedule = {n_qblocks, heads_total, kPersistent && s->causal && n_qblocks * heads_total > sms};
     const int blocks = kPersistent ? min(schedule.units(), sms) : schedule.units();  // one block per SM fits
     wgmma_forward<D, GROUPS><<<blocks, L::THREADS, L::bytes, stream>>>(
-        q_map, k_map, v_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
+        q_map, k_map, v_map, o_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
         schedule);
     return cudaGetLastError();
 }
