@@ -8,8 +8,9 @@
 // warp holds as many registers as a consumer. Here the copy engine fills shared memory, the tensor
 // cores read it themselves, and the producer gives its registers away:
 //   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for a query tile's Q,
-//     then for each key tile K into the K ring and V into the V ring (slot t % K_STAGES, t % V_STAGES), each after
-//     the consumers released that slot; the copy engine counts the bytes onto the slot's barrier.
+//     then for each key tile K into the K ring and V into the V ring (slots t % K_STAGES and
+//     t % V_STAGES), each after the consumers released that slot; the copy engine counts the
+//     bytes onto the slot's barrier.
 //   consumers (warpgroups 1..; 64 query rows each): S = Q Kᵀ with wgmma (both operands in shared
 //     memory), mask and online softmax in registers, O += P V with wgmma (P from registers).
 // setmaxnreg moves registers from the producer (24 per thread) to the consumers.
@@ -451,8 +452,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     named_barrier_sync(o_barrier, 128);
                     if (o_storer) {  // the warpgroup's 64 rows; rows past S are not written
                         for (int c = 0; c < D / SLAB; c++)
-                            tma_store_3d(&o_map, o_tile + c * BLOCK_ROWS * SLAB + consumer * GROUP_ROWS * SLAB, c * SLAB,
-                                         q0 + consumer * GROUP_ROWS, head_index);
+                            tma_store_3d(&o_map, o_tile + c * BLOCK_ROWS * SLAB + consumer * GROUP_ROWS * SLAB,
+                                         c * SLAB, q0 + consumer * GROUP_ROWS, head_index);
                         bulk_commit();
                     }
                 } else {
