@@ -1,6 +1,7 @@
 // wgmma_ptx.cuh - wrappers over the Hopper (sm_90a) instructions stage 09 uses: wgmma (warpgroup
 // matrix multiply-accumulate, operands read from shared memory by the tensor cores), the copy
-// engine's tiled loads (TMA, cp.async.bulk.tensor) that complete on an mbarrier, and setmaxnreg.
+// engine's tiled loads (TMA, cp.async.bulk.tensor) that complete on an mbarrier, its tiled stores
+// and bulk reductions, and setmaxnreg.
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first warp index a multiple of 4). One
 // wgmma.m64nNk16 computes a 64 x N tile with K = 16; warp w of the group owns rows 16w..16w+15 and
@@ -121,8 +122,9 @@ __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x
         : "memory");
 }
 
-// The reverse: one box of shared memory, laid out as the tensor map's box (in its swizzle), to the
-// tensor at coordinates (x, y, z); the parts of the box outside the tensor are not written. The
+// The reverse: one box of shared memory, laid out as the tensor map's box (in its swizzle, from a
+// 1024-byte-aligned start), to the tensor at coordinates (x, y, z); the parts of the box outside
+// the tensor are not written. The
 // smem_src writes need fence_proxy_async_shared and a barrier first; completion is tracked like
 // the bulk reductions' below (bulk_commit, bulk_wait_read).
 __device__ inline void tma_store_3d(const CUtensorMap *map, const void *smem_src, int x, int y, int z) {
@@ -286,9 +288,9 @@ __device__ inline void pack_a_frags(uint32_t frag[N / 16][4], const float *acc) 
         for (int i = 0; i < 4; i++) frag[kk][i] = pack_half2(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
 }
 
-// Host: a TMA tensor map for one [B*H, S, D] fp16 tensor, read in boxes of `box_rows` rows x 64
-// columns (one 128-byte swizzled slab). The driver function is found through the runtime, so the
-// programs need no -lcuda.
+// Host: a TMA tensor map for one [B*H, S, D] fp16 tensor, read or written in boxes of `box_rows`
+// rows x 64 columns (one 128-byte swizzled slab). The driver function is found through the
+// runtime, so the programs need no -lcuda.
 static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *tensor, int heads_total, int S,
                                                int D, int box_rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;

@@ -23,8 +23,9 @@
 //   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
 //   O through shared memory (kTmaStoreO): a warpgroup writes O / l to a staging tile and one of
-//     its threads hands it to the copy engine (a TMA store), so the warpgroup starts its next
-//     query tile at once instead of after 4-byte global stores from every thread.
+//     its threads hands it to the copy engine (TMA stores, one per 64-column slab), so the
+//     warpgroup starts its next query tile at once instead of after 4-byte global stores from
+//     every thread.
 // What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of
 // a producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync;
 // setmaxnreg; warpgroups instead of warps; 64 query rows per warpgroup and 128-key tiles; the
@@ -79,15 +80,18 @@
 #ifndef CONSUMERS_D64
 #define CONSUMERS_D64 3
 #endif
-// O written through shared memory by a TMA store (1): each thread puts its share of O into a
-// staging tile (a few fast shared-memory stores), one thread hands the tile to the copy engine,
-// and the warpgroup goes on to its next query tile at once. Or each thread stores its O to global
-// memory itself (0): 4-byte stores from registers, which the warps must issue before they go on.
+// O written through shared memory by TMA stores (1): each thread puts its share of O into a
+// staging tile (as many stores as to global memory, but into shared memory, conflict-free in the
+// swizzle, and never held up by the memory system), one thread hands the tile to the copy engine,
+// which writes whole 128-byte rows, and the warpgroup goes on to its next query tile at once. Or
+// each thread stores its O to global memory itself (0): 4-byte stores from registers, which the
+// warps must issue before they go on.
 #ifndef TMA_STORE_O
 #define TMA_STORE_O 1
 #endif
-// Ring slots. With the overlap, a warpgroup holds two V slots at once (tile n - 1's, read by
-// the P V in flight, and tile n's), so two V slots leave the producer nothing to prefetch into.
+// Ring slots. With the overlap, two V slots are taken at once: tile n - 1's, read by the P V in
+// flight, and tile n's, loaded with K_n and read a step later; so two V slots would leave the
+// producer nothing to prefetch into.
 // A K slot is free again as soon as its S = Q Kᵀ is done, early in the same step, so K needs
 // fewer: at D = 128 two K slots and three V slots leave room for O's staging tile.
 #ifndef STAGES_D64
