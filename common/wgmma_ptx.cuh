@@ -124,9 +124,8 @@ __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x
 
 // The reverse: one box of shared memory, laid out as the tensor map's box (in its swizzle, from a
 // 1024-byte-aligned start), to the tensor at coordinates (x, y, z); the parts of the box outside
-// the tensor are not written. The
-// smem_src writes need fence_proxy_async_shared and a barrier first; completion is tracked like
-// the bulk reductions' below (bulk_commit, bulk_wait_read).
+// the tensor are not written. The smem_src writes need fence_proxy_async_shared and a barrier
+// first; completion is tracked like the bulk reductions' below (bulk_commit, bulk_wait_read).
 __device__ inline void tma_store_3d(const CUtensorMap *map, const void *smem_src, int x, int y, int z) {
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(map),
                  "r"(smem_address(smem_src)), "r"(x), "r"(y), "r"(z)

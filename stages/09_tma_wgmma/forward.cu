@@ -224,9 +224,7 @@ __device__ __forceinline__ void store_o_tile(__half *o_tile, int row0, const flo
         for (int r = 0; r < 2; r++) {
             const uint32_t address = row_address + (j / 8) * BLOCK_ROWS * SLAB * sizeof(__half) +
                                      8 * r * SLAB * sizeof(__half) + (((j % 8) ^ g) << 4);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address),
-                         "r"(pack_half2(o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]))
-                         : "memory");
+            st_shared_b32(address, __floats2half2_rn(o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]));
         }
 }
 
