@@ -72,13 +72,17 @@
 #ifndef SMALL_ONE_GROUP
 #define SMALL_ONE_GROUP 1
 #endif
-// Consumer warpgroups (64 query rows each) at D = 64 without a causal mask, where their 192-row
-// tiles give every SM one. Everywhere else two: at D = 128 a consumer's S, O and P alone take 160
-// registers, all that three groups would leave each; causal, a 192-row block wastes more of its
-// diagonal tiles than three groups win; and a problem too small to fill the GPU with 192-row
-// tiles is better cut into more, shorter blocks.
+// Consumer warpgroups (64 query rows each) at D = 64 where their 192-row tiles give every SM one:
+// without a causal mask at any length, with one from S = CAUSAL_THREE_GROUPS_FROM on. Else two:
+// at D = 128 a consumer's S, O and P alone take 160 registers, all that three groups would leave
+// each; causal and shorter, a 192-row block's masked diagonal and its longer chain per query tile
+// (no overlap inside a warpgroup with three) cost more than the third warpgroup wins; and a
+// problem too small to fill the GPU with 192-row tiles is better cut into more, shorter blocks.
 #ifndef CONSUMERS_D64
 #define CONSUMERS_D64 3
+#endif
+#ifndef CAUSAL_THREE_GROUPS_FROM
+#define CAUSAL_THREE_GROUPS_FROM 4096
 #endif
 // O written through shared memory by TMA stores (1): each thread puts its share of O into a
 // staging tile (as many stores as to global memory, but into shared memory, conflict-free in the
@@ -513,14 +517,16 @@ cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStre
         return s->dim == 128 ? launch_forward<128, 1>(s, t, sms, stream) : launch_forward<64, 1>(s, t, sms, stream);
     if (s->dim == 128) return launch_forward<128, 2>(s, t, sms, stream);
     const int wide_tiles = ceil_div(s->seq, FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS) * s->batch * s->heads;
-    if (!s->causal && wide_tiles >= sms) return launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
+    const bool three_groups = !s->causal || s->seq >= CAUSAL_THREE_GROUPS_FROM;
+    if (three_groups && wide_tiles >= sms) return launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
     return launch_forward<64, 2>(s, t, sms, stream);
 }
 
 // The most a block may ask for at this shape (which configuration runs depends on the GPU's SMs).
 static size_t shared_bytes(const attn_shape *s) {
     const size_t wide = FwdLayout<64, CONSUMERS_D64>::bytes, narrow = FwdLayout<64, 2>::bytes;
-    const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes : s->causal ? narrow : wide > narrow ? wide : narrow;
+    const bool three_groups = !s->causal || s->seq >= CAUSAL_THREE_GROUPS_FROM;
+    const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes : !three_groups ? narrow : wide > narrow ? wide : narrow;
     const size_t bwd = stage09_backward_shared_bytes(s);
     return fwd > bwd ? fwd : bwd;
 }
