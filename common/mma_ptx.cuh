@@ -42,9 +42,12 @@ __device__ inline void ldmatrix_x4_trans(uint32_t r[4], const __half *row_addres
     ldmatrix_x4_trans_at(r, smem_address(row_address));
 }
 
-// 4 bytes (a half2) to shared memory at a shared-window address.
+// 4 bytes (a half2, or two halves packed in a register) to shared memory at a shared-window address.
+__device__ inline void st_shared_b32(uint32_t address, uint32_t value) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
+}
 __device__ inline void st_shared_b32(uint32_t address, __half2 value) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(*reinterpret_cast<uint32_t *>(&value)) : "memory");
+    st_shared_b32(address, *reinterpret_cast<uint32_t *>(&value));
 }
 
 // D = A B + D for one 16x8x16 tile: fp16 inputs, fp32 accumulation, in place.

@@ -248,9 +248,7 @@ __device__ inline void store_ds_frags(__half *ds_tile, int ds_row0, const uint32
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int chunk = 2 * kk + i / 2;  // row % 8 is g: rows start at multiples of 8
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_address + 1024 * (i % 2) + ((chunk ^ g) << 4)),
-                         "r"(frag[kk][i])
-                         : "memory");
+            st_shared_b32(row_address + 1024 * (i % 2) + ((chunk ^ g) << 4), frag[kk][i]);
         }
 }
 
