@@ -22,7 +22,7 @@ WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS = 3, 30, 5, 2000.0
 # the float64 reference's rounding analysis per element, which this check does not compute.
 ATOL = RTOL = 4e-3
 BWD_ATOL_RMS, BWD_RTOL = 2e-2, 1e-2  # backward: relative to each gradient's rms
-SPIN_CYCLES = 200_000  # ~100 us at the H100's clock: longer than PyTorch's host dispatch
+SPIN_CYCLES = 2_000_000  # ~1 ms at the H100's clock: longer than PyTorch's host dispatch, autograd included
 
 
 def read_shapes(path):
@@ -34,10 +34,10 @@ def read_shapes(path):
 
 def flush_and_spin(flush, i):
     """Before each timed run: overwrite a buffer twice the L2's size (evicting Q, K, V and O), then
-    keep the GPU busy for ~100 us. PyTorch's dispatch of one SDPA call takes tens of microseconds
-    of host time; without the spin, a ~12 us kernel would be timed together with the GPU idling
-    while the host catches up (the stages' C launches take a few microseconds, which the flush
-    alone hides)."""
+    keep the GPU busy for ~1 ms. PyTorch's dispatch of one SDPA call takes tens of microseconds
+    of host time, and one autograd backward (several kernels) can take more than 100; without
+    the spin, a ~12 us kernel would be timed together with the GPU idling while the host catches
+    up (the stages' C launches take a few microseconds, which the flush alone hides)."""
     import torch
     flush.fill_(i & 0xFF)
     torch.cuda._sleep(SPIN_CYCLES)
