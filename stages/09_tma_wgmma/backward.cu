@@ -73,8 +73,8 @@ constexpr bool kOwnInRegisters = OWN_IN_REGISTERS && (D == 64 || !kDkDv);
 
 // Each kernel issues the next walked tile's S and dP right after this tile's last product (1), so
 // that the tensor cores have them queued while the warpgroup waits, instead of waiting for that
-// product first (0: measured faster here, lesson; the other warpgroup's products already fill
-// the gap, and queued ones delay the S that it waits for).
+// product first (0: measured faster here; but ptxas serializes the wgmmas of the build with 1,
+// advisory C7515, so that comparison is not of the schedule alone: lesson).
 #ifndef CROSS_TILE_OVERLAP
 #define CROSS_TILE_OVERLAP 0
 #endif
