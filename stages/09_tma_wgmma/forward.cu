@@ -507,6 +507,10 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
     return cudaGetLastError();
 }
 
+// Whether the mask and length allow D = 64 blocks of CONSUMERS_D64 warpgroups (the launcher also
+// asks that their 192-row tiles give every SM one); shared_bytes follows the same rule.
+static bool wide_by_mask(const attn_shape *s) { return !s->causal || s->seq >= CAUSAL_THREE_GROUPS_FROM; }
+
 cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -517,16 +521,14 @@ cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStre
         return s->dim == 128 ? launch_forward<128, 1>(s, t, sms, stream) : launch_forward<64, 1>(s, t, sms, stream);
     if (s->dim == 128) return launch_forward<128, 2>(s, t, sms, stream);
     const int wide_tiles = ceil_div(s->seq, FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS) * s->batch * s->heads;
-    const bool three_groups = !s->causal || s->seq >= CAUSAL_THREE_GROUPS_FROM;
-    if (three_groups && wide_tiles >= sms) return launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
+    if (wide_by_mask(s) && wide_tiles >= sms) return launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
     return launch_forward<64, 2>(s, t, sms, stream);
 }
 
 // The most a block may ask for at this shape (which configuration runs depends on the GPU's SMs).
 static size_t shared_bytes(const attn_shape *s) {
     const size_t wide = FwdLayout<64, CONSUMERS_D64>::bytes, narrow = FwdLayout<64, 2>::bytes;
-    const bool three_groups = !s->causal || s->seq >= CAUSAL_THREE_GROUPS_FROM;
-    const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes : !three_groups ? narrow : wide > narrow ? wide : narrow;
+    const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes : !wide_by_mask(s) ? narrow : wide > narrow ? wide : narrow;
     const size_t bwd = stage09_backward_shared_bytes(s);
     return fwd > bwd ? fwd : bwd;
 }
