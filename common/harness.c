@@ -17,6 +17,7 @@
 
 #include "attn.h"
 #include "check.h"
+#include "gpu_spin.h"
 #include "cuda_check.h"
 #include "half.h"
 #include "npy.h"
@@ -44,6 +45,9 @@ enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU 
 // the slow early stages finish the benchmark sweep in minutes; the CSV records the run count.
 #define TIME_BUDGET_S 2.0
 #define MIN_TIMED_RUNS 5
+// The GPU spins this many cycles (~1 ms at the H100's clock) after the flush and before each timed
+// run: the same pause plots/sdpa_peers.py gives PyTorch's backends, whose host dispatch needs it.
+#define SPIN_CYCLES 2000000LL
 
 typedef struct {
     attn_shape shape;
@@ -286,6 +290,7 @@ static timing time_pass(attn_pass pass, const options *opt, const attn_tensors *
     timed_ms = 0.0f;
     while (runs < opt->iters && (runs < MIN_TIMED_RUNS || timed_ms < 1000.0f * TIME_BUDGET_S)) {
         CUDA_CHECK(cudaMemsetAsync(flush, runs & 0xff, flush_bytes, stream));
+        gpu_spin(stream, SPIN_CYCLES);
         CUDA_CHECK(cudaEventRecord(start, stream));
         run_pass(pass, &opt->shape, t, stream);
         CUDA_CHECK(cudaEventRecord(stop, stream));

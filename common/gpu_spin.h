@@ -1,0 +1,12 @@
+#ifndef FLASH_STAGES_GPU_SPIN_H
+#define FLASH_STAGES_GPU_SPIN_H
+#include <cuda_runtime.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+// Keeps the GPU busy on `stream` for about `cycles` SM clock cycles (one thread).
+void gpu_spin(cudaStream_t stream, long long cycles);
+#ifdef __cplusplus
+}
+#endif
+#endif
