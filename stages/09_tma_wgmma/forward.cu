@@ -22,10 +22,10 @@
 //     continue through the same ring, so a tile's fill overlaps the previous tile's end;
 //   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
-//   O through shared memory (kTmaStoreO): a warpgroup writes O / l to a staging tile and one of
-//     its threads hands it to the copy engine (TMA stores, one per 64-column slab), so the
-//     warpgroup starts its next query tile at once instead of after 4-byte global stores from
-//     every thread.
+//   O through shared memory (kTmaStoreO, with two consumer warpgroups): a warpgroup writes O / l
+//     to a staging tile and one of its threads hands it to the copy engine (TMA stores, one per
+//     64-column slab), so the warpgroup starts its next query tile at once instead of after
+//     4-byte global stores from every thread.
 // What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of
 // a producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync;
 // setmaxnreg; warpgroups instead of warps; 64 query rows per warpgroup and 128-key tiles; the
@@ -93,6 +93,12 @@
 #ifndef TMA_STORE_O
 #define TMA_STORE_O 1
 #endif
+// The TMA store with three consumer warpgroups too (1), or with two only (0). With three, the other
+// two warpgroups' products keep the tensor cores busy while one stores O from registers, and the
+// staging's two warpgroup barriers per query tile are not won back (the ablation measures it).
+#ifndef TMA_STORE_THREE_GROUPS
+#define TMA_STORE_THREE_GROUPS 0
+#endif
 // Ring slots. With the overlap, two V slots are taken at once: tile n - 1's, read by the P V in
 // flight, and tile n's, loaded with K_n and read a step later; so two V slots would leave the
 // producer nothing to prefetch into.
@@ -114,6 +120,7 @@ constexpr bool kEx2Approx = EX2_APPROX;
 constexpr bool kPersistent = PERSISTENT;
 constexpr bool kSmallOneGroup = SMALL_ONE_GROUP;
 constexpr bool kTmaStoreO = TMA_STORE_O;
+constexpr bool kTmaStoreThreeGroups = TMA_STORE_THREE_GROUPS;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
@@ -131,7 +138,8 @@ template <int D, int GROUPS_> struct FwdLayout {
     static constexpr int V_STAGES = D == 64 ? STAGES_D64 : V_STAGES_D128;
     static constexpr int SLOTS = K_STAGES + V_STAGES;
     static constexpr int Q_ELEMS = BLOCK_ROWS * D;
-    static constexpr int O_ELEMS = kTmaStoreO ? Q_ELEMS : 0;
+    static constexpr bool TMA_STORE = kTmaStoreO && (GROUPS <= 2 || kTmaStoreThreeGroups);
+    static constexpr int O_ELEMS = TMA_STORE ? Q_ELEMS : 0;
     static constexpr int TILE_ELEMS = KEY_TILE * D;
     // Q [D/64][BLOCK_ROWS][64], the K ring [K_STAGES][D/64][KEY_TILE][64], the V ring likewise,
     // O's staging tile (Q's layout), then the mbarriers (full and empty for each K and V slot, and
@@ -284,7 +292,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     __half *k_ring = q_tile + L::Q_ELEMS;
     __half *v_ring = k_ring + K_STAGES * L::TILE_ELEMS;
-    __half *o_tile = v_ring + V_STAGES * L::TILE_ELEMS;  // [D/64][BLOCK_ROWS][64], if kTmaStoreO
+    __half *o_tile = v_ring + V_STAGES * L::TILE_ELEMS;  // [D/64][BLOCK_ROWS][64], if L::TMA_STORE
     // full[s]: K tile in slot s landed, full[K_STAGES + s]: V tile; empty[...]: the consumers are
     // done with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full and
     // q_empty hand the Q tile over the same way, once per query tile.
@@ -303,7 +311,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
-            if (kTmaStoreO) tma_prefetch_descriptor(&o_map);
+            if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
             int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
             for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
                 for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
@@ -449,7 +457,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     const int query = first_query + g + 8 * r;
                     if (query < S && t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
                 }
-                if constexpr (kTmaStoreO) {
+                if constexpr (L::TMA_STORE) {
                     // The staging tile is free once the previous query tile's store has read it.
                     if (o_storer) bulk_wait_read<0>();
                     named_barrier_sync(o_barrier, 128);
@@ -476,14 +484,14 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 }
             }
         // The block's shared memory must outlive the last store's reads of it.
-        if (kTmaStoreO && o_storer) bulk_wait_read<0>();
+        if (L::TMA_STORE && o_storer) bulk_wait_read<0>();
         // Group 0 takes the turn the last group passed after its last products, so that no
         // arrival is left pending on a named barrier when the block exits.
         if (consumer == 0) turns.take();
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
-        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups;
+        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kTmaStoreThreeGroups;
 #endif
 }
 
