@@ -22,10 +22,10 @@
 //     continue through the same ring, so a tile's fill overlaps the previous tile's end;
 //   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
-//   O through shared memory (kTmaStoreO, with two consumer warpgroups): a warpgroup writes O / l
-//     to a staging tile and one of its threads hands it to the copy engine (TMA stores, one per
-//     64-column slab), so the warpgroup starts its next query tile at once instead of after
-//     4-byte global stores from every thread.
+//   O through shared memory (kTmaStoreO, with one or two consumer warpgroups): a warpgroup
+//     writes O / l to a staging tile and one of its threads hands it to the copy engine (TMA
+//     stores, one per 64-column slab), so the warpgroup starts its next query tile at once
+//     instead of after 4-byte global stores from every thread.
 // What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of
 // a producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync;
 // setmaxnreg; warpgroups instead of warps; 64 query rows per warpgroup and 128-key tiles; the
@@ -93,9 +93,10 @@
 #ifndef TMA_STORE_O
 #define TMA_STORE_O 1
 #endif
-// The TMA store with three consumer warpgroups too (1), or with two only (0). With three, the other
-// two warpgroups' products keep the tensor cores busy while one stores O from registers, and the
-// staging's two warpgroup barriers per query tile are not won back (the ablation measures it).
+// The TMA store with three consumer warpgroups too (1), or with one or two only (0). With three,
+// the other two warpgroups' products keep the tensor cores busy while one stores O from
+// registers, and the staging's two warpgroup barriers per query tile are not won back (the
+// ablation measures it).
 #ifndef TMA_STORE_THREE_GROUPS
 #define TMA_STORE_THREE_GROUPS 0
 #endif
