@@ -290,7 +290,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     using L = FwdLayout<D, GROUPS>;
     constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
-    __half *q_tile = (__half *)smem_align_1024(smem_raw);
+    __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     __half *k_ring = q_tile + L::Q_ELEMS;
     __half *v_ring = k_ring + K_STAGES * L::TILE_ELEMS;
     __half *o_tile = v_ring + V_STAGES * L::TILE_ELEMS;  // [D/64][BLOCK_ROWS][64], if L::TMA_STORE
