@@ -492,7 +492,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
-        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kTmaStoreThreeGroups;
+        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups;
 #endif
 }
 
