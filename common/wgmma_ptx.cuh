@@ -37,6 +37,14 @@
 #define FLASH_STAGES_SM90A 0
 #endif
 
+// The first 1024-byte-aligned byte of a block's dynamic shared memory (the 128-byte swizzle's
+// atom). The offset is added to the __shared__ pointer itself, not computed on its integer
+// value: a pointer rebuilt from an integer loses its address space, and every load and store
+// through it becomes a generic one (LD.E / ST.E), slower than a shared one (LDS / STS).
+__device__ inline unsigned char *smem_align_1024(unsigned char *smem_raw) {
+    return (unsigned char *)__builtin_assume_aligned(smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023), 1024);
+}
+
 // Descriptor of a 128-byte-swizzled shared-memory operand starting at `tile` (16-byte aligned;
 // its atom 1024-aligned). Fields: start address >> 4 (bits 0-13), leading byte offset >> 4
 // (16-29), stride byte offset >> 4 (32-45), layout 1 = 128-byte swizzle (62-63).

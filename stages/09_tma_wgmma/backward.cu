@@ -132,7 +132,7 @@ template <int D>
 __device__ inline BwdSmem bwd_smem(unsigned char *raw) {
     using L = BwdLayout<D>;
     BwdSmem m;
-    m.own_a = (__half *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+    m.own_a = (__half *)smem_align_1024(raw);
     m.own_b = m.own_a + L::OWN_ELEMS;
     m.walk_a = m.own_b + L::OWN_ELEMS;
     m.walk_b = m.walk_a + BWD_STAGES * L::WALK_ELEMS;
@@ -353,21 +353,25 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             // the block's keys; queries past S have lse = infinity, so P = 0 there already.
             const bool diagonal = causal && q_start < k0 + BWD_OWN;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++) {
+                const float2 lse_pair = *(const float2 *)&col_lse[8 * j + 2 * t];  // queries 8j + 2t, + 1
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
-                    const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - col_lse[8 * j + 2 * t + (e & 1)]);
+                    const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - (e & 1 ? lse_pair.y : lse_pair.x));
                     st_acc[4 * j + e] = diagonal && key > query ? 0.0f : p;
                 }
+            }
             wgmma_wait<0>();
             fence_operands<32>(dpt_acc);
             // dSᵀ = Pᵀ ∘ (dPᵀ - D), in place.
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++) {
+                const float2 delta_pair = *(const float2 *)&col_delta[8 * j + 2 * t];
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    dpt_acc[4 * j + e] = st_acc[4 * j + e] * (dpt_acc[4 * j + e] - col_delta[8 * j + 2 * t + (e & 1)]);
+                    dpt_acc[4 * j + e] = st_acc[4 * j + e] * (dpt_acc[4 * j + e] - (e & 1 ? delta_pair.y : delta_pair.x));
+            }
             uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
             pack_a_frags<BWD_WALK>(pt_frag, st_acc);
             pack_a_frags<BWD_WALK>(dst_frag, dpt_acc);
