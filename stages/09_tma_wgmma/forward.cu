@@ -290,6 +290,9 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     using L = FwdLayout<D, GROUPS>;
     constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
+    // Rounded up on the integer value: every access below goes through smem_address (PTX's shared
+    // space), so the lost address space costs nothing here, unlike in the backward, which loads
+    // and stores through these pointers in C++ (smem_align_1024).
     __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     __half *k_ring = q_tile + L::Q_ELEMS;
     __half *v_ring = k_ring + K_STAGES * L::TILE_ELEMS;
