@@ -9,4 +9,7 @@ __global__ void spin_kernel(long long cycles) {
     }
 }
 
-extern "C" void gpu_spin(cudaStream_t stream, long long cycles) { spin_kernel<<<1, 1, 0, stream>>>(cycles); }
+extern "C" cudaError_t gpu_spin(cudaStream_t stream, long long cycles) {
+    spin_kernel<<<1, 1, 0, stream>>>(cycles);
+    return cudaGetLastError();
+}

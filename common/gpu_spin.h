@@ -4,8 +4,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-// Keeps the GPU busy on `stream` for about `cycles` SM clock cycles (one thread).
-void gpu_spin(cudaStream_t stream, long long cycles);
+// Keeps the GPU busy on `stream` for about `cycles` SM clock cycles (one thread); returns the
+// launch's error, if any.
+cudaError_t gpu_spin(cudaStream_t stream, long long cycles);
 #ifdef __cplusplus
 }
 #endif

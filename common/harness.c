@@ -290,7 +290,7 @@ static timing time_pass(attn_pass pass, const options *opt, const attn_tensors *
     timed_ms = 0.0f;
     while (runs < opt->iters && (runs < MIN_TIMED_RUNS || timed_ms < 1000.0f * TIME_BUDGET_S)) {
         CUDA_CHECK(cudaMemsetAsync(flush, runs & 0xff, flush_bytes, stream));
-        gpu_spin(stream, SPIN_CYCLES);
+        CUDA_CHECK(gpu_spin(stream, SPIN_CYCLES));
         CUDA_CHECK(cudaEventRecord(start, stream));
         run_pass(pass, &opt->shape, t, stream);
         CUDA_CHECK(cudaEventRecord(stop, stream));
