@@ -5,8 +5,12 @@
 
 #include "kernel_common.cuh"
 
-// delta_i = dO_i . O_i, one warp per row: the term every dS = P ∘ (dP - delta) needs.
-static __global__ void backward_delta(const __half *o, const __half *d_o, float *delta, int rows, int D) {
+// delta_i = dO_i . O_i, one warp per row: the term every dS = P ∘ (dP - delta) needs. It also
+// zeroes `zero_vec4` float4s at `zero` (an atomic dQ's sums; none: NULL, 0), which saves a launch.
+static __global__ void backward_delta(const __half *o, const __half *d_o, float *delta, int rows, int D,
+                                      float4 *zero, size_t zero_vec4) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < zero_vec4; i += (size_t)gridDim.x * blockDim.x)
+        zero[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     float sum = 0.0f;
@@ -19,11 +23,14 @@ static __global__ void backward_delta(const __half *o, const __half *d_o, float 
     if (lane == 0) delta[row] = sum;
 }
 
-// Enqueues backward_delta over all B*H*S rows, 4 rows per 128-thread block.
-static inline void launch_backward_delta(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+// Enqueues backward_delta over all B*H*S rows, 4 rows per 128-thread block; with zero, it also
+// zeroes zero_floats (a multiple of 4) floats there.
+static inline void launch_backward_delta(const attn_shape *s, const attn_tensors *t, cudaStream_t stream,
+                                         float *zero = NULL, size_t zero_floats = 0) {
     const int rows = (int)attention_rows(s), rows_per_block = 4;
     backward_delta<<<ceil_div(rows, rows_per_block), 32 * rows_per_block, 0, stream>>>(
-        (const __half *)t->o, (const __half *)t->d_o, scratch_delta(s, t), rows, s->dim);
+        (const __half *)t->o, (const __half *)t->d_o, scratch_delta(s, t), rows, s->dim, (float4 *)zero,
+        zero_floats / 4);
 }
 
 // dQ = scale * the float sums of an atomic dQ (scratch_dq_accum, kernel_common.cuh), as fp16; n

@@ -55,6 +55,23 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
+// Launches kernel<<<grid, threads, smem, stream>>>(args...) as a dependent launch (programmatic
+// dependent launch, Hopper): its blocks may start while the
+// stream's previous kernel finishes, so its set-up overlaps that kernel's last blocks and the
+// launch gap; the kernel calls grid_dependency_wait (wgmma_ptx.cuh) before it reads what the
+// previous kernel wrote.
+template <typename... Params, typename... Args>
+inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, int threads, size_t smem,
+                                    cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute dependent;
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid, config.blockDim = dim3(threads), config.dynamicSmemBytes = smem, config.stream = stream;
+    config.attrs = &dependent, config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // The signature every fused stage's kernel has (stages 02 on).
 typedef void (*attention_kernel)(const __half *q, const __half *k, const __half *v, __half *o, int S,
                                  float scale, int causal);

@@ -104,6 +104,16 @@ __device__ inline void named_barrier_arrive(int id, int threads) {
 // barrier, before a wgmma reads the tile.
 __device__ inline void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// In a kernel started by a dependent launch (launch_dependent, kernel_common.cuh): waits until the
+// kernel before it in the stream has finished and its writes are visible. Everything before this
+// call may overlap that kernel's end, so it must not read what that kernel writes. Without a
+// dependent launch (and before sm_90, where there is none) it returns at once.
+__device__ inline void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Give registers back (producer) or take them (consumers); a whole warpgroup executes it.
 template <int N>
 __device__ inline void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -149,6 +159,13 @@ __device__ inline void tma_store_3d(const CUtensorMap *map, const void *smem_src
 __device__ inline void bulk_reduce_add_f32(float *global_dst, const float *smem_src, uint32_t bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global_dst),
                  "r"(smem_address(smem_src)), "r"(bytes)
+                 : "memory");
+}
+// global_dst[0..3] += v, one reduction in the L2 for four floats (sm_90; global_dst 16-byte
+// aligned); relaxed, nothing returned: the sums are complete at the end of the kernel.
+__device__ inline void red_add_v4_f32(float *global_dst, float4 v) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(global_dst), "f"(v.x), "f"(v.y), "f"(v.z),
+                 "f"(v.w)
                  : "memory");
 }
 __device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

@@ -517,10 +517,9 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     using Dq = DqConfig<D>;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     float *dq_accum = ATOMIC ? scratch_dq_accum(s, t) : NULL;
-    launch_backward_delta(s, t, stream);
+    launch_backward_delta(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);  // also zeroes dQ's sums
     cudaError_t err = allow_dynamic_smem(backward_dk_dv<D, ATOMIC>, DkDv::bytes);
     if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
-    if (err == cudaSuccess && ATOMIC) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * attn_elems(s), stream);
     if (err != cudaSuccess) return err;
     const float scale = 1.0f / sqrtf((float)D);
     const __half *q = (const __half *)t->q, *k = (const __half *)t->k, *v = (const __half *)t->v;

@@ -59,6 +59,23 @@ constexpr bool kAtomicDq = ATOMIC_DQ;
 #ifndef DQ_PER_GROUP
 #define DQ_PER_GROUP 1
 #endif
+// With atomic dQ: a walked tile's dQ staged in shared memory and added to global memory by bulk
+// reductions that one writer thread issues (1, measured faster here: lesson), instead of each
+// consumer thread adding its accumulators with vector reductions, four floats each
+// (red.global.add.v4.f32, 0), which needs no staging, fence or hand-over.
+#ifndef BULK_REDUCE_DQ
+#define BULK_REDUCE_DQ 1
+#endif
+constexpr bool kBulkReduceDq = BULK_REDUCE_DQ;
+
+// The kernels after backward_delta started by dependent launches (1: launch_dependent), so that
+// each one's set-up overlaps the end of the one before and the gap between launches, instead of
+// ordinary launches, each waiting for the previous kernel to finish (0).
+#ifndef DEPENDENT_LAUNCH
+#define DEPENDENT_LAUNCH 1
+#endif
+constexpr bool kDependentLaunch = DEPENDENT_LAUNCH;
+
 template <int D>
 constexpr bool kDqPerGroup = kAtomicDq && DQ_PER_GROUP && D == 64;
 
@@ -95,7 +112,7 @@ template <int D> struct BwdLayout {
     // Two staging slots where they fit (D = 64), so that a tile's dQ need not wait for the
     // previous one to be read; one at D = 128.
     static constexpr int DQ_SLOTS = D == 64 ? 2 : 1;
-    static constexpr int DQ_STAGE_ELEMS = kAtomicDq ? DQ_SLOTS * DQ_GROUP_TILES * DQ_TILE_ELEMS : 0;
+    static constexpr int DQ_STAGE_ELEMS = kAtomicDq && kBulkReduceDq ? DQ_SLOTS * DQ_GROUP_TILES * DQ_TILE_ELEMS : 0;
     static constexpr int STATS_ELEMS = BWD_GROUPS * 2 * 2 * BWD_WALK;
     static constexpr size_t bytes = 1024 +
                                     sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
@@ -278,9 +295,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
             bwd_produce<D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
-        if (ATOMIC && threadIdx.x == 32) {
+        if (ATOMIC && kBulkReduceDq && threadIdx.x == 32) {
             // The dQ writer: each staged tile is added to the float dQ by one bulk reduction of
             // 64 x D floats (the L2 does the adds), and its slot handed back once it is read.
+            grid_dependency_wait();  // backward_delta has zeroed the float dQ
             const size_t head_tiles = (size_t)head_index * ceil_div(S, BWD_WALK);
             using L = BwdLayout<D>;
             for (int tile = 0; tile < n_tiles; tile++) {
@@ -308,6 +326,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         // columns are read from shared memory instead of held in registers.
         const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
         const int stat = threadIdx.x % 128, stat_query = stat % BWD_WALK;  // stat < 64: lse, else delta
+        grid_dependency_wait();  // backward_delta has written delta (and zeroed the float dQ)
         auto load_stat = [&](int tile) {
             const int query = (first_tile + tile) * BWD_WALK + stat_query;
             if (query >= S) return stat < BWD_WALK ? INFINITY : 0.0f;
@@ -383,14 +402,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 fence_proxy_async_shared();
             }
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dV += Pᵀ dO
-                wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);
-            wgmma_commit();
             float dq_acc[DQ_COLS / 2];
             if constexpr (ATOMIC) {
                 // The keys' dSᵀ are in the tile (this group's, or both groups'): dQ = dS K for
-                // this group's columns, issued before dK so that it can be staged while dK runs.
+                // this group's columns, issued first so that it is staged while dV and dK run.
                 // The other dSᵀ tile is written next, so this one is free again once the groups
                 // have passed the next tile's barrier.
                 if (kPerGroup)
@@ -404,6 +419,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 wgmma_commit();
             }
 #pragma unroll
+            for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dV += Pᵀ dO
+                wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);
+            wgmma_commit();
+#pragma unroll
             for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dK += dSᵀ Q
                 wgmma_m64k16_rs<D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);
             wgmma_commit();
@@ -412,21 +431,34 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 continue;
             }
             if constexpr (ATOMIC) {
-                wgmma_wait<1>();  // dV and dQ; dK still runs
+                wgmma_wait<2>();  // dQ; dV and dK still run
                 fence_operands<DQ_COLS / 2>(dq_acc);
-                // dQ into its staging slot once the writer warp has added the slot's last tile,
-                // then handed to the writer, which adds it to the float dQ in global memory.
-                constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
-                const int dq_slot = tile % DQ_SLOTS;
-                if (tile >= DQ_SLOTS) mbarrier_wait(&m.dq_empty[dq_slot], (tile / DQ_SLOTS - 1) & 1);
-                float *stage = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
-                                                BwdLayout<D>::DQ_TILE_ELEMS;
+                if constexpr (kBulkReduceDq) {
+                    // dQ into its staging slot once the writer warp has added the slot's last
+                    // tile, then handed to the writer, which adds it to the float dQ in global
+                    // memory.
+                    constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
+                    const int dq_slot = tile % DQ_SLOTS;
+                    if (tile >= DQ_SLOTS) mbarrier_wait(&m.dq_empty[dq_slot], (tile / DQ_SLOTS - 1) & 1);
+                    float *stage = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
+                                                    BwdLayout<D>::DQ_TILE_ELEMS;
 #pragma unroll
-                for (int j = 0; j < DQ_COLS / 8; j++)
-                    *(float4 *)(stage + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t)) =
-                        make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
-                fence_proxy_async_shared();
-                mbarrier_arrive_warp(&m.dq_full[dq_slot]);
+                    for (int j = 0; j < DQ_COLS / 8; j++)
+                        *(float4 *)(stage + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t)) =
+                            make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+                    fence_proxy_async_shared();
+                    mbarrier_arrive_warp(&m.dq_full[dq_slot]);
+                } else {
+                    // Each thread adds its accumulators to the float dQ itself, four floats per
+                    // reduction, at the same places the staged tile would have had them.
+                    const size_t tile_index = (size_t)head_index * ceil_div(S, BWD_WALK) + first_tile + tile;
+                    float *dq_tile = dq_accum + tile_index * BwdLayout<D>::DQ_TILE_ELEMS;
+#pragma unroll
+                    for (int j = 0; j < DQ_COLS / 8; j++) {
+                        const float4 sums = make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+                        red_add_v4_f32(dq_tile + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t), sums);
+                    }
+                }
             }
             wgmma_wait<0>();
             fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
@@ -469,6 +501,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         const int group_row0 = consumer * 64, warp_query0 = q0 + group_row0 + warp_row0;
         const float scale_log2 = scale * 1.4426950408889634f;
         float row_lse[2], row_delta[2];  // rows g and g + 8 (rows past S: never stored)
+        grid_dependency_wait();           // the kernels before have written delta
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int query = min(warp_query0 + g + 8 * r, S - 1);
@@ -541,6 +574,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 // (dq_stage_index) into [B, H, S, D] fp16; one thread per pair of columns.
 template <int D>
 __global__ void backward_dq_unpermute(const float *dq_accum, __half *dq, int S, size_t pairs, float scale) {
+    grid_dependency_wait();  // backward_dk_dv's sums are complete
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x) {
         const size_t row = i / (D / 2);               // of all B*H*S rows
         const int col = 2 * (int)(i % (D / 2)), head_index = (int)(row / S), query = (int)(row % S);
@@ -560,7 +594,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const int heads_total = s->batch * s->heads;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     float *dq_accum = kAtomicDq ? scratch_dq_accum(s, t) : NULL;
-    launch_backward_delta(s, t, stream);
+    launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) : 0);  // also zeroes dQ's sums
     // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
     CUtensorMap own[4], walk[4];  // q, k, v, do
     const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
@@ -572,19 +606,25 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const size_t smem = BwdLayout<D>::bytes;
     if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D, kAtomicDq>, smem);
     if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, smem);
-    if (err == cudaSuccess && kAtomicDq) err = cudaMemsetAsync(dq_accum, 0, sizeof(float) * dq_accum_elems(s), stream);
     if (err != cudaSuccess) return err;
     const dim3 grid(ceil_div(s->seq, BWD_OWN), s->heads, s->batch);
     const float scale = 1.0f / sqrtf((float)D);
-    backward_dk_dv<D, kAtomicDq><<<grid, BWD_THREADS, smem, stream>>>(walk[0], own[1], own[2], walk[3], lse, delta,
-                                                                      (__half *)t->dk, (__half *)t->dv, dq_accum,
-                                                                      s->seq, scale, s->causal);
+    // After backward_delta, each kernel is a dependent launch (kDependentLaunch): its blocks set up
+    // (barriers, the owned tiles' TMA loads) while the kernel before finishes, and wait for it
+    // (grid_dependency_wait) only where they read what it wrote.
+    auto launch = [&](auto kernel, dim3 blocks, int threads, size_t shared_bytes, auto... args) {
+        if (kDependentLaunch) return launch_dependent(kernel, blocks, threads, shared_bytes, stream, args...);
+        kernel<<<blocks, threads, shared_bytes, stream>>>(args...);
+        return cudaGetLastError();
+    };
+    err = launch(backward_dk_dv<D, kAtomicDq>, grid, BWD_THREADS, smem, walk[0], own[1], own[2], walk[3], lse, delta,
+                 (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq, scale, s->causal);
+    if (err != cudaSuccess) return err;
     if (kAtomicDq)
-        backward_dq_unpermute<D><<<1024, 256, 0, stream>>>(dq_accum, (__half *)t->dq, s->seq, attn_elems(s) / 2, scale);
-    else
-        backward_dq<D><<<grid, BWD_THREADS, smem, stream>>>(own[0], walk[1], walk[2], own[3], lse, delta,
-                                                            (__half *)t->dq, s->seq, scale, s->causal);
-    return cudaGetLastError();
+        return launch(backward_dq_unpermute<D>, dim3(1024), 256, 0, (const float *)dq_accum, (__half *)t->dq, s->seq,
+                      attn_elems(s) / 2, scale);
+    return launch(backward_dq<D>, grid, BWD_THREADS, smem, own[0], walk[1], walk[2], own[3], lse, delta,
+                  (__half *)t->dq, s->seq, scale, s->causal);
 }
 
 // The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ.
