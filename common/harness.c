@@ -47,6 +47,7 @@ enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU 
 #define MIN_TIMED_RUNS 5
 // The GPU spins this many cycles (~1 ms at the H100's clock) after the flush and before each timed
 // run: the same pause plots/sdpa_peers.py gives PyTorch's backends, whose host dispatch needs it.
+// plots/cuda_timing.py reads these constants and the --warmup and --iters defaults from this file.
 #define SPIN_CYCLES 2000000LL
 
 typedef struct {

@@ -1,5 +1,32 @@
-"""The timing loop plots/sdpa_peers.py and plots/ceilings.py share: the harness's rules in Python."""
+"""The timing loop plots/sdpa_peers.py and plots/ceilings.py share: the harness's rules in Python,
+and the harness's timing constants, read from common/harness.c so that both time by the same numbers.
+Run directly, prints those constants (a CPU test: it fails if they can no longer be found)."""
+import os
+import re
 import statistics
+
+HARNESS_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common", "harness.c")
+
+
+def harness_timing(path=HARNESS_C):
+    """The harness's timing rules: warm-up runs, timed runs, the minimum of timed runs, the time
+    budget in ms after which timing stops early, and the GPU spin before each timed run (cycles)."""
+    with open(path) as f:
+        text = f.read()
+
+    def find(pattern):
+        match = re.search(pattern, text, re.M)
+        if not match:
+            raise RuntimeError(f"{path}: no match for {pattern!r}; the harness's timing constants moved")
+        return match.group(1)
+
+    return {
+        "warmup": int(find(r"\.warmup = (\d+)")),
+        "iters": int(find(r"\.iters = (\d+)")),
+        "min_runs": int(find(r"^#define MIN_TIMED_RUNS (\d+)")),
+        "budget_ms": 1000.0 * float(find(r"^#define TIME_BUDGET_S ([0-9.]+)")),
+        "spin_cycles": int(find(r"^#define SPIN_CYCLES (\d+)")),
+    }
 
 
 def median_ms(fn, warmup=3, iters=30, min_runs=5, budget_ms=float("inf"), before_each=None):
@@ -23,3 +50,7 @@ def median_ms(fn, warmup=3, iters=30, min_runs=5, budget_ms=float("inf"), before
         stop.synchronize()
         samples.append(start.elapsed_time(stop))
     return statistics.median(samples), len(samples)
+
+
+if __name__ == "__main__":
+    print(", ".join(f"{name} {value}" for name, value in harness_timing().items()))

@@ -14,15 +14,14 @@ import argparse
 import os
 import sys
 
-from cuda_timing import median_ms
+from cuda_timing import harness_timing, median_ms
 
 COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
-WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS = 3, 30, 5, 2000.0
+TIMING = harness_timing()  # the stages' warm-up, runs, budget and spin (common/harness.c)
 # A fixed sanity bound on head (0, 0), not the harness's rule: that rule (docs/measuring.md) needs
 # the float64 reference's rounding analysis per element, which this check does not compute.
 ATOL = RTOL = 4e-3
 BWD_ATOL_RMS, BWD_RTOL = 2e-2, 1e-2  # backward: relative to each gradient's rms
-SPIN_CYCLES = 2_000_000  # ~1 ms at the H100's clock: longer than PyTorch's host dispatch, autograd included
 
 
 def read_shapes(path):
@@ -40,7 +39,7 @@ def flush_and_spin(flush, i):
     up (the stages' C launches take a few microseconds, which the flush alone hides)."""
     import torch
     flush.fill_(i & 0xFF)
-    torch.cuda._sleep(SPIN_CYCLES)
+    torch.cuda._sleep(TIMING["spin_cycles"])  # ~1 ms on the H100: longer than PyTorch's host dispatch
 
 
 def check_error(q, k, v, out, causal):
@@ -146,7 +145,7 @@ def main():
                         print(f"{label} FAILED check: max abs err {max_err:.3e}")
                         failures += 1
                         continue
-                    ms, runs = median_ms(run, WARMUP, ITERS, MIN_RUNS, TIME_BUDGET_MS,
+                    ms, runs = median_ms(run, TIMING["warmup"], TIMING["iters"], TIMING["min_runs"], TIMING["budget_ms"],
                                          before_each=lambda i: flush_and_spin(flush, i))
                     median_us = ms * 1e3
                     del out
