@@ -56,10 +56,11 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
 }
 
 // Launches kernel<<<grid, threads, smem, stream>>>(args...) as a dependent launch (programmatic
-// dependent launch, Hopper): its blocks may start while the
-// stream's previous kernel finishes, so its set-up overlaps that kernel's last blocks and the
-// launch gap; the kernel calls grid_dependency_wait (wgmma_ptx.cuh) before it reads what the
-// previous kernel wrote.
+// dependent launch, Hopper): its blocks may start once the stream's previous kernel's blocks have
+// exited (none of the course's kernels signals earlier with griddepcontrol.launch_dependents),
+// before that kernel has completed and flushed its writes, so its set-up overlaps that
+// completion and the launch gap; the kernel calls grid_dependency_wait (wgmma_ptx.cuh) before it
+// reads what the previous kernel wrote.
 template <typename... Params, typename... Args>
 inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, int threads, size_t smem,
                                     cudaStream_t stream, Args... args) {

@@ -1,5 +1,6 @@
-"""The timing loop plots/sdpa_peers.py and plots/ceilings.py share: the harness's rules in Python,
-and the harness's timing constants, read from common/harness.c so that both time by the same numbers.
+"""The timing loop plots/sdpa_peers.py and plots/ceilings.py share: the harness's rules in Python;
+and the harness's timing constants, read from common/harness.c so that sdpa_peers.py times the
+PyTorch backends by the same numbers as the stages.
 Run directly, prints those constants (a CPU test: it fails if they can no longer be found)."""
 import os
 import re
@@ -24,7 +25,7 @@ def harness_timing(path=HARNESS_C):
         "warmup": int(find(r"\.warmup = (\d+)")),
         "iters": int(find(r"\.iters = (\d+)")),
         "min_runs": int(find(r"^#define MIN_TIMED_RUNS (\d+)")),
-        "budget_ms": 1000.0 * float(find(r"^#define TIME_BUDGET_S ([0-9.]+)")),
+        "budget_ms": 1000.0 * float(find(r"^#define TIME_BUDGET_S ([0-9.eE+-]+)")),
         "spin_cycles": int(find(r"^#define SPIN_CYCLES (\d+)")),
     }
 

@@ -517,8 +517,9 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     using Dq = DqConfig<D>;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     float *dq_accum = ATOMIC ? scratch_dq_accum(s, t) : NULL;
-    launch_backward_delta(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);  // also zeroes dQ's sums
-    cudaError_t err = allow_dynamic_smem(backward_dk_dv<D, ATOMIC>, DkDv::bytes);
+    // The delta pre-pass also zeroes dQ's sums.
+    cudaError_t err = launch_backward_delta(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);
+    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D, ATOMIC>, DkDv::bytes);
     if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
     if (err != cudaSuccess) return err;
     const float scale = 1.0f / sqrtf((float)D);

@@ -100,9 +100,10 @@ constexpr bool kCrossTileOverlap = CROSS_TILE_OVERLAP;
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
 // ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
 // walked rows' lse and delta ([BWD_GROUPS][2][2][BWD_WALK] floats, backward_dk_dv); with atomic dQ
-// two [BWD_OWN][64] tiles of dSᵀ (keys as rows; one per walked tile, alternating) and DQ_SLOTS
-// slots of a walked tile's dQ in float (DQ_GROUP_TILES tiles of DQ_TILE_ELEMS each, in the
-// accumulators' order: see dq_stage_index); then the mbarriers.
+// two [BWD_OWN][64] tiles of dSᵀ (keys as rows; one per walked tile, alternating) and, staged for
+// the bulk reductions (kBulkReduceDq), DQ_SLOTS slots of a walked tile's dQ in float
+// (DQ_GROUP_TILES tiles of DQ_TILE_ELEMS each, in the accumulators' order: see dq_stage_index);
+// then the mbarriers.
 template <int D> struct BwdLayout {
     static constexpr int OWN_ELEMS = BWD_OWN * D;
     static constexpr int WALK_ELEMS = BWD_WALK * D;
@@ -594,11 +595,11 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const int heads_total = s->batch * s->heads;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     float *dq_accum = kAtomicDq ? scratch_dq_accum(s, t) : NULL;
-    launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) : 0);  // also zeroes dQ's sums
+    // The delta pre-pass also zeroes dQ's sums.
+    cudaError_t err = launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) : 0);
     // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
     CUtensorMap own[4], walk[4];  // q, k, v, do
     const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
-    cudaError_t err = cudaSuccess;
     for (int i = 0; i < 4 && err == cudaSuccess; i++) {
         err = make_tensor_map_bhsd(&own[i], tensors[i], heads_total, s->seq, D, BWD_OWN);
         if (err == cudaSuccess) err = make_tensor_map_bhsd(&walk[i], tensors[i], heads_total, s->seq, D, BWD_WALK);
