@@ -30,8 +30,13 @@ def harness_timing(path=HARNESS_C):
     }
 
 
-def median_ms(fn, warmup=3, iters=30, min_runs=5, budget_ms=float("inf"), before_each=None):
-    """Median time of fn() in milliseconds, by CUDA events, after `warmup` untimed calls.
+HARNESS = harness_timing()
+
+
+def median_ms(fn, warmup=HARNESS["warmup"], iters=HARNESS["iters"], min_runs=HARNESS["min_runs"],
+              budget_ms=HARNESS["budget_ms"], before_each=None):
+    """Median time of fn() in milliseconds, by CUDA events, after `warmup` untimed calls; by
+    default with the harness's numbers (HARNESS).
 
     Times up to `iters` calls, stopping early once `budget_ms` are timed and `min_runs` ran;
     `before_each` runs outside the timed region (the L2 flush). Returns (median, runs).
@@ -54,4 +59,4 @@ def median_ms(fn, warmup=3, iters=30, min_runs=5, budget_ms=float("inf"), before
 
 
 if __name__ == "__main__":
-    print(", ".join(f"{name} {value}" for name, value in harness_timing().items()))
+    print(", ".join(f"{name} {value}" for name, value in HARNESS.items()))

@@ -14,10 +14,9 @@ import argparse
 import os
 import sys
 
-from cuda_timing import harness_timing, median_ms
+from cuda_timing import HARNESS, median_ms
 
 COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
-TIMING = harness_timing()  # the stages' warm-up, runs, budget and spin (common/harness.c)
 # A fixed sanity bound on head (0, 0), not the harness's rule: that rule (docs/measuring.md) needs
 # the float64 reference's rounding analysis per element, which this check does not compute.
 ATOL = RTOL = 4e-3
@@ -39,7 +38,7 @@ def flush_and_spin(flush, i):
     up (the stages' C launches take a few microseconds, which the flush alone hides)."""
     import torch
     flush.fill_(i & 0xFF)
-    torch.cuda._sleep(TIMING["spin_cycles"])  # ~1 ms on the H100: longer than PyTorch's host dispatch
+    torch.cuda._sleep(HARNESS["spin_cycles"])  # ~1 ms on the H100: longer than PyTorch's host dispatch
 
 
 def check_error(q, k, v, out, causal):
@@ -145,8 +144,7 @@ def main():
                         print(f"{label} FAILED check: max abs err {max_err:.3e}")
                         failures += 1
                         continue
-                    ms, runs = median_ms(run, TIMING["warmup"], TIMING["iters"], TIMING["min_runs"], TIMING["budget_ms"],
-                                         before_each=lambda i: flush_and_spin(flush, i))
+                    ms, runs = median_ms(run, before_each=lambda i: flush_and_spin(flush, i))
                     median_us = ms * 1e3
                     del out
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0) * (2.5 if args.backward else 1.0)
