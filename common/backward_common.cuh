@@ -26,7 +26,7 @@ static __global__ void backward_delta(const __half *o, const __half *d_o, float 
 // Enqueues backward_delta over all B*H*S rows, 4 rows per 128-thread block; with zero, it also
 // zeroes zero_floats (a multiple of 4) floats there. Returns the launch's error.
 static inline cudaError_t launch_backward_delta(const attn_shape *s, const attn_tensors *t, cudaStream_t stream,
-                                         float *zero = NULL, size_t zero_floats = 0) {
+                                               float *zero = NULL, size_t zero_floats = 0) {
     const int rows = (int)attention_rows(s), rows_per_block = 4;
     backward_delta<<<ceil_div(rows, rows_per_block), 32 * rows_per_block, 0, stream>>>(
         (const __half *)t->o, (const __half *)t->d_o, scratch_delta(s, t), rows, s->dim, (float4 *)zero,

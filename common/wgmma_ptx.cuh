@@ -107,8 +107,8 @@ __device__ inline void fence_proxy_async_shared() { asm volatile("fence.proxy.as
 // In a kernel started by a dependent launch (launch_dependent, kernel_common.cuh): waits until the
 // kernel before it in the stream has finished and its writes are visible. Everything before this
 // call may overlap that kernel's end, so it must not read what that kernel writes, nor write what
-// that kernel reads. Without a
-// dependent launch (and before sm_90, where there is none) it returns at once.
+// that kernel reads. Without a dependent launch (and before sm_90, where there is none) it
+// returns at once.
 __device__ inline void grid_dependency_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");

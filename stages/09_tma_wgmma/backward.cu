@@ -434,31 +434,33 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             if constexpr (ATOMIC) {
                 wgmma_wait<2>();  // dQ; dV and dK still run
                 fence_operands<DQ_COLS / 2>(dq_acc);
+                // With bulk reductions, dQ goes into its staging slot once the writer warp has
+                // added the slot's last tile, then is handed to the writer, which adds it to the
+                // float dQ in global memory. Without, each thread adds its accumulators to the
+                // float dQ itself, four floats per reduction, where the staged tile has them.
+                constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
+                const int dq_slot = tile % DQ_SLOTS;
+                float *dq_tile;  // the staging slot's tile, or the walked tile's in the float dQ
                 if constexpr (kBulkReduceDq) {
-                    // dQ into its staging slot once the writer warp has added the slot's last
-                    // tile, then handed to the writer, which adds it to the float dQ in global
-                    // memory.
-                    constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
-                    const int dq_slot = tile % DQ_SLOTS;
                     if (tile >= DQ_SLOTS) mbarrier_wait(&m.dq_empty[dq_slot], (tile / DQ_SLOTS - 1) & 1);
-                    float *stage = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
-                                                    BwdLayout<D>::DQ_TILE_ELEMS;
+                    dq_tile = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
+                                               BwdLayout<D>::DQ_TILE_ELEMS;
+                } else {
+                    const size_t tile_index = (size_t)head_index * ceil_div(S, BWD_WALK) + first_tile + tile;
+                    dq_tile = dq_accum + tile_index * BwdLayout<D>::DQ_TILE_ELEMS;
+                }
 #pragma unroll
-                    for (int j = 0; j < DQ_COLS / 8; j++)
-                        *(float4 *)(stage + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t)) =
-                            make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+                for (int j = 0; j < DQ_COLS / 8; j++) {
+                    float *dst = dq_tile + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t);
+                    const float4 sums = make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+                    if constexpr (kBulkReduceDq)
+                        *(float4 *)dst = sums;
+                    else
+                        red_add_v4_f32(dst, sums);
+                }
+                if constexpr (kBulkReduceDq) {
                     fence_proxy_async_shared();
                     mbarrier_arrive_warp(&m.dq_full[dq_slot]);
-                } else {
-                    // Each thread adds its accumulators to the float dQ itself, four floats per
-                    // reduction, at the same places the staged tile would have had them.
-                    const size_t tile_index = (size_t)head_index * ceil_div(S, BWD_WALK) + first_tile + tile;
-                    float *dq_tile = dq_accum + tile_index * BwdLayout<D>::DQ_TILE_ELEMS;
-#pragma unroll
-                    for (int j = 0; j < DQ_COLS / 8; j++) {
-                        const float4 sums = make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
-                        red_add_v4_f32(dq_tile + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t), sums);
-                    }
                 }
             }
             wgmma_wait<0>();
