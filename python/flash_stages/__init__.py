@@ -67,6 +67,13 @@ def _pointer(t):
     return t.data_ptr() if t is not None and t.numel() > 0 else None
 
 
+def _aligned(t):
+    # The kernels load rows 16 bytes at a time (cp.async, TMA, vector loads), so a tensor must
+    # start on a 16-byte boundary; a contiguous view that starts mid-allocation (x[1:]) may not.
+    # Such a view is copied, as non-contiguous inputs are.
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 @functools.lru_cache(maxsize=1024)
 def _why_not(stage_name, shape_key, device_index):
     # Asked once per stage, shape and device: a training step calls the op many times, and the
@@ -90,6 +97,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     st = _stage(stage)
     shape = _shape(q, causal)
     _check_runs(st, shape, q.device)
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
     o = torch.empty_like(q)
     workspace = torch.empty(st.workspace_bytes(shape), dtype=torch.uint8, device=q.device)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
@@ -111,6 +119,7 @@ def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     copy, and a graph can be run backward twice (retain_graph)."""
     st = _stage(stage)
     shape = _shape(q, causal)
+    d_o, q, k, v = _aligned(d_o), _aligned(q), _aligned(k), _aligned(v)
     scratch = torch.empty(st.backward_scratch_bytes(shape), dtype=torch.uint8, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
@@ -172,8 +181,8 @@ def attention(q, k, v, causal=False, scale=None, stage=None):
     is_causal=causal, scale=scale)``.
 
     q, k, v: CUDA fp16 tensors of one shape [batch, heads, seq, dim], on one device; any seq >= 1,
-    dim 64 or 128. Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed) are
-    copied to contiguous ones first.
+    dim 64 or 128. Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed), and
+    views that do not start on a 16-byte boundary, are copied first.
 
     scale: None means 1/sqrt(dim), which the kernels apply themselves. Any other value is applied by
     multiplying q by scale·sqrt(dim) before the kernel: one extra pass over q and one more fp16
