@@ -42,7 +42,6 @@
 #define BWD_OWN (64 * BWD_GROUPS)                 // rows a block owns: keys (dK/dV) or queries (dQ)
 #define BWD_WALK 64                               // rows of the tiles walked over
 #define BWD_THREADS (128 * (BWD_GROUPS + 1))
-#define BWD_STAGES 2
 
 // dQ by atomics from the dK/dV kernel (1: measured faster here, lesson), or by the second,
 // deterministic kernel (0).
@@ -98,13 +97,16 @@ constexpr bool kOwnInRegisters = OWN_IN_REGISTERS && (D == 64 || !kDkDv);
 constexpr bool kCrossTileOverlap = CROSS_TILE_OVERLAP;
 
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
-// ring of BWD_STAGES pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
+// ring of STAGES pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
 // walked rows' lse and delta ([BWD_GROUPS][2][2][BWD_WALK] floats, backward_dk_dv); with atomic dQ
 // two [BWD_OWN][64] tiles of dSᵀ (keys as rows; one per walked tile, alternating) and, staged for
 // the bulk reductions (kBulkReduceDq), DQ_SLOTS slots of a walked tile's dQ in float
 // (DQ_GROUP_TILES tiles of DQ_TILE_ELEMS each, in the accumulators' order: see dq_stage_index);
 // then the mbarriers.
 template <int D> struct BwdLayout {
+    // Walked-tile slots: four at D = 64, where they fit beside the dQ staging, so that the
+    // producer can run further ahead of the consumers; two at D = 128, where a third does not fit.
+    static constexpr int STAGES = D == 64 ? 4 : 2;
     static constexpr int OWN_ELEMS = BWD_OWN * D;
     static constexpr int WALK_ELEMS = BWD_WALK * D;
     static constexpr int DS_ELEMS = kAtomicDq ? BWD_OWN * BWD_WALK : 0;
@@ -116,9 +118,10 @@ template <int D> struct BwdLayout {
     static constexpr int DQ_STAGE_ELEMS = kAtomicDq && kBulkReduceDq ? DQ_SLOTS * DQ_GROUP_TILES * DQ_TILE_ELEMS : 0;
     static constexpr int STATS_ELEMS = BWD_GROUPS * 2 * 2 * BWD_WALK;
     static constexpr size_t bytes = 1024 +
-                                    sizeof(__half) * (2 * OWN_ELEMS + 2 * BWD_STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
+                                    sizeof(__half) * (2 * OWN_ELEMS + 2 * STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
                                     sizeof(float) * (DQ_STAGE_ELEMS + STATS_ELEMS) +
-                                    sizeof(uint64_t) * (2 * BWD_STAGES + 1 + 2 * DQ_SLOTS);
+                                    sizeof(uint64_t) * (2 * STAGES + 1 + 2 * DQ_SLOTS);
+    static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
 // With atomic dQ a walked tile's 64 x D float dQ is staged, and summed in global memory, in the
@@ -136,9 +139,9 @@ __host__ __device__ inline int dq_stage_index(int row, int col) {
 
 // The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
 // (rows own0.., onto own_full) and then, for walked tile i = 0, 1, ..., rows walk0 + 64 i of the
-// two walked tensors into ring slot i % BWD_STAGES.
+// two walked tensors into ring slot i % STAGES.
 struct BwdSmem {
-    __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [BWD_STAGES][tile]
+    __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [STAGES][tile]
     __half *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
     float *dq_stage;                          // [DQ_SLOTS][DQ_GROUP_TILES][DQ_TILE_ELEMS] (atomic dQ)
     float *stats;                             // [BWD_GROUPS][2][2][BWD_WALK]: walked rows' lse, delta
@@ -153,13 +156,13 @@ __device__ inline BwdSmem bwd_smem(unsigned char *raw) {
     m.own_a = (__half *)smem_align_1024(raw);
     m.own_b = m.own_a + L::OWN_ELEMS;
     m.walk_a = m.own_b + L::OWN_ELEMS;
-    m.walk_b = m.walk_a + BWD_STAGES * L::WALK_ELEMS;
-    m.ds = m.walk_b + BWD_STAGES * L::WALK_ELEMS;
+    m.walk_b = m.walk_a + L::STAGES * L::WALK_ELEMS;
+    m.ds = m.walk_b + L::STAGES * L::WALK_ELEMS;
     m.dq_stage = (float *)(m.ds + 2 * L::DS_ELEMS);
     m.stats = m.dq_stage + L::DQ_STAGE_ELEMS;
     m.full = (uint64_t *)(m.stats + L::STATS_ELEMS);
-    m.empty = m.full + BWD_STAGES;
-    m.own_full = m.empty + BWD_STAGES;
+    m.empty = m.full + L::STAGES;
+    m.own_full = m.empty + L::STAGES;
     m.dq_full = m.own_full + 1;
     m.dq_empty = m.dq_full + L::DQ_SLOTS;
     return m;
@@ -178,8 +181,8 @@ __device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, c
         tma_load_3d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, head_index, m.own_full);
     }
     for (int tile = 0; tile < n_tiles; tile++) {
-        const int slot = tile % BWD_STAGES;
-        if (tile >= BWD_STAGES) mbarrier_wait(&m.empty[slot], (tile / BWD_STAGES - 1) & 1);
+        const int slot = tile % L::STAGES;
+        if (tile >= L::STAGES) mbarrier_wait(&m.empty[slot], (tile / L::STAGES - 1) & 1);
         mbarrier_arrive_expect_tx(&m.full[slot], 2 * sizeof(__half) * L::WALK_ELEMS);
         for (int c = 0; c < D / 64; c++) {
             const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
@@ -229,8 +232,9 @@ template <int D, bool REGS> struct OwnOperands {
     // The two S-like products of walked tile `tile`, once its slot is full, as two wgmma groups:
     // the exponentials of P can run while the tensor cores compute dP.
     __device__ void issue_s_and_dp(float s_acc[32], float dp_acc[32], const BwdSmem &m, int tile) const {
-        const int slot = tile % BWD_STAGES;
-        mbarrier_wait(&m.full[slot], (tile / BWD_STAGES) & 1);
+        constexpr int STAGES = BwdLayout<D>::STAGES;
+        const int slot = tile % STAGES;
+        mbarrier_wait(&m.full[slot], (tile / STAGES) & 1);
         wgmma_fence();
         product(s_acc, a_frag, m.own_a, m.walk_a + slot * BwdLayout<D>::WALK_ELEMS);
         wgmma_commit();
@@ -290,7 +294,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         for (int slot = 0; slot < BwdLayout<D>::DQ_SLOTS; slot++)
             mbarrier_init(&m.dq_full[slot], 4 * BWD_GROUPS), mbarrier_init(&m.dq_empty[slot], 1);
     }
-    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
+    init_tma_ring(m.full, m.empty, BwdLayout<D>::STAGES, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
@@ -349,14 +353,14 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
         float st_acc[32], dpt_acc[32];
         auto issue_st_dpt = [&](int tile) { k_and_v.issue_s_and_dp(st_acc, dpt_acc, m, tile); };
-        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BWD_STAGES]); };
+        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::STAGES]); };
         // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ is staged
         // between the tile's products.
         constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
 
         if (kOverlap) issue_st_dpt(0);
         for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % BWD_STAGES, q_start = (first_tile + tile) * BWD_WALK;
+            const int slot = tile % BwdLayout<D>::STAGES, q_start = (first_tile + tile) * BWD_WALK;
             const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
             const __half *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
             // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and delta.
@@ -492,7 +496,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int q0 = q_block * BWD_OWN;
     const int n_tiles = ceil_div(causal ? min(S, q0 + BWD_OWN) : S, BWD_WALK);
-    init_tma_ring(m.full, m.empty, BWD_STAGES, 4 * BWD_GROUPS, m.own_full);
+    init_tma_ring(m.full, m.empty, BwdLayout<D>::STAGES, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
@@ -520,13 +524,13 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) of a walked tile.
         float s_acc[32], dp_acc[32];
         auto issue_s_dp = [&](int tile) { q_and_do.issue_s_and_dp(s_acc, dp_acc, m, tile); };
-        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BWD_STAGES]); };
+        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::STAGES]); };
         uint32_t ds_frag[BWD_WALK / 16][4];  // dS (fp16), the A operand of dQ += dS K
 
         if (kCrossTileOverlap) issue_s_dp(0);
         for (int tile = 0; tile < n_tiles; tile++) {
             const int k0 = tile * BWD_WALK;
-            const __half *k_tile = m.walk_a + (tile % BWD_STAGES) * BwdLayout<D>::WALK_ELEMS;
+            const __half *k_tile = m.walk_a + (tile % BwdLayout<D>::STAGES) * BwdLayout<D>::WALK_ELEMS;
             if (!kCrossTileOverlap) issue_s_dp(tile);
             // With the overlap the previous tile's dQ product is older than S: this waits for it
             // too, and its K and V slot is free.
@@ -574,16 +578,35 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 }
 
 // dQ = scale * the float sums of the atomic dQ, un-permuted from the staging order
-// (dq_stage_index) into [B, H, S, D] fp16; one thread per pair of columns.
+// (dq_stage_index) into [B, H, S, D] fp16, one block per staged 64 x D tile: the block reads the
+// tile in order (16-byte loads, coalesced), each float4 being columns c, c + 1 of rows r and r + 8,
+// writes them as fp16 into the tile's place in shared memory, then stores whole rows (16-byte
+// stores, coalesced); the padded rows past S are not stored.
 template <int D>
-__global__ void backward_dq_unpermute(const float *dq_accum, __half *dq, int S, size_t pairs, float scale) {
+__global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_accum, __half *dq, int S, float scale) {
+    // Rows 16 bytes longer than D: the 8 rows a warp's fp16 pairs fall in start in other banks.
+    constexpr int PITCH = D + 8;
+    __shared__ __align__(16) __half tile_rows[BWD_WALK * PITCH];
+    const int tiles_per_head = ceil_div(S, BWD_WALK);
+    const int head_index = blockIdx.x / tiles_per_head, row0 = blockIdx.x % tiles_per_head * BWD_WALK;
+    const float4 *sums = (const float4 *)(dq_accum + (size_t)blockIdx.x * BWD_WALK * D);
     grid_dependency_wait();  // backward_dk_dv's sums are complete
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t row = i / (D / 2);               // of all B*H*S rows
-        const int col = 2 * (int)(i % (D / 2)), head_index = (int)(row / S), query = (int)(row % S);
-        const size_t tile = (size_t)head_index * ceil_div(S, BWD_WALK) + query / BWD_WALK;
-        const float2 x = *(const float2 *)(dq_accum + tile * BWD_WALK * D + dq_stage_index<D>(query % BWD_WALK, col));
-        *(__half2 *)(dq + row * D + col) = __floats2half2_rn(x.x * scale, x.y * scale);
+    for (int i = threadIdx.x; i < BWD_WALK * D / 4; i += blockDim.x) {
+        // float4 i: 8-column chunk i / 128 (of column half chunk / (D/16)) of thread i % 128 of a
+        // warpgroup, as dq_stage_index placed it.
+        const int chunk = i / 128, thread = i % 128, lane = thread % 32;
+        const int row = thread / 32 * 16 + lane / 4;
+        const int col = chunk / (D / 16) * (D / 2) + chunk % (D / 16) * 8 + lane % 4 * 2;
+        const float4 x = sums[i];
+        *(__half2 *)&tile_rows[row * PITCH + col] = __floats2half2_rn(x.x * scale, x.y * scale);
+        *(__half2 *)&tile_rows[(row + 8) * PITCH + col] = __floats2half2_rn(x.z * scale, x.w * scale);
+    }
+    __syncthreads();
+    __half *head_dq = dq + (size_t)head_index * S * D;
+    for (int i = threadIdx.x; i < BWD_WALK * D / 8; i += blockDim.x) {
+        const int row = i / (D / 8), col = i % (D / 8) * 8;
+        if (row0 + row < S)
+            *(uint4 *)(head_dq + (size_t)(row0 + row) * D + col) = *(const uint4 *)&tile_rows[row * PITCH + col];
     }
 }
 
@@ -624,8 +647,8 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
                  (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq, scale, s->causal);
     if (err != cudaSuccess) return err;
     if (kAtomicDq)
-        return launch(backward_dq_unpermute<D>, dim3(1024), 256, 0, (const float *)dq_accum, (__half *)t->dq, s->seq,
-                      attn_elems(s) / 2, scale);
+        return launch(backward_dq_unpermute<D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
+                      (const float *)dq_accum, (__half *)t->dq, s->seq, scale);
     return launch(backward_dq<D>, grid, BWD_THREADS, smem, own[0], walk[1], walk[2], own[3], lse, delta,
                   (__half *)t->dq, s->seq, scale, s->causal);
 }
