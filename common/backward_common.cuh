@@ -28,7 +28,7 @@ static __global__ void backward_delta(const __half *o, const __half *d_o, float 
         }
     }
     // The row's lanes are eight neighbours of one warp; the mask names them alone.
-    const unsigned row_lanes = 0xffu << (threadIdx.x % 32 / DELTA_LANES_PER_ROW * DELTA_LANES_PER_ROW);
+    const unsigned row_lanes = ((1u << DELTA_LANES_PER_ROW) - 1) << (threadIdx.x % 32 / DELTA_LANES_PER_ROW * DELTA_LANES_PER_ROW);
     for (int offset = DELTA_LANES_PER_ROW / 2; offset > 0; offset /= 2)
         sum += __shfl_xor_sync(row_lanes, sum, offset);
     if (part == 0) delta[row] = sum;
