@@ -129,12 +129,21 @@ template <int D> struct BwdLayout {
 // continue (no bank conflicts) and one bulk reduction adds the whole tile: chunk j (columns 8j..,
 // registers 4j..4j+3) of column half w (a warpgroup's share where the groups split the columns)
 // held by thread i (of 128) of a warpgroup is at float (w * D/16 + j) * 512 + 4 i.
-// backward_dq_unpermute maps element (row, column) back; rows past S are summed and never read.
+// Rows past S are summed and never read.
 template <int D>
 __host__ __device__ inline int dq_stage_index(int row, int col) {
     const int group = col / (D / 2), group_col = col % (D / 2);                    // warpgroup w, its column
     const int thread = row / 16 * 32 + row % 8 * 4 + group_col % 8 / 2;           // warp, g, t
     return ((group * (D / 16) + group_col / 8) * 128 + thread) * 4 + row % 16 / 8 * 2 + col % 2;
+}
+
+// The inverse, for backward_dq_unpermute: float4 `vec` of a staged tile holds columns col, col + 1
+// of rows row and row + 8 (chunk vec / 128 of thread vec % 128, as dq_stage_index placed them).
+template <int D>
+__host__ __device__ inline void dq_stage_position(int vec, int *row, int *col) {
+    const int chunk = vec / 128, thread = vec % 128, lane = thread % 32;
+    *row = thread / 32 * 16 + lane / 4;
+    *col = chunk / (D / 16) * (D / 2) + chunk % (D / 16) * 8 + lane % 4 * 2;
 }
 
 // The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
@@ -592,11 +601,8 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
     const float4 *sums = (const float4 *)(dq_accum + (size_t)blockIdx.x * BWD_WALK * D);
     grid_dependency_wait();  // backward_dk_dv's sums are complete
     for (int i = threadIdx.x; i < BWD_WALK * D / 4; i += blockDim.x) {
-        // float4 i: 8-column chunk i / 128 (of column half chunk / (D/16)) of thread i % 128 of a
-        // warpgroup, as dq_stage_index placed it.
-        const int chunk = i / 128, thread = i % 128, lane = thread % 32;
-        const int row = thread / 32 * 16 + lane / 4;
-        const int col = chunk / (D / 16) * (D / 2) + chunk % (D / 16) * 8 + lane % 4 * 2;
+        int row, col;
+        dq_stage_position<D>(i, &row, &col);
         const float4 x = sums[i];
         *(__half2 *)&tile_rows[row * PITCH + col] = __floats2half2_rn(x.x * scale, x.y * scale);
         *(__half2 *)&tile_rows[(row + 8) * PITCH + col] = __floats2half2_rn(x.z * scale, x.w * scale);
