@@ -57,8 +57,8 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
 
 // Launches kernel<<<grid, threads, smem, stream>>>(args...) as a dependent launch (programmatic
 // dependent launch, Hopper): its blocks may start once the stream's previous kernel's blocks have
-// exited (none of the course's kernels signals earlier with griddepcontrol.launch_dependents),
-// before that kernel has completed and flushed its writes, so its set-up overlaps that
+// exited (or have all signalled earlier with grid_launch_dependents, wgmma_ptx.cuh), before that
+// kernel has completed and flushed its writes, so its set-up overlaps that
 // completion and the launch gap; the kernel calls grid_dependency_wait (wgmma_ptx.cuh) before it
 // reads what the previous kernel wrote.
 template <typename... Params, typename... Args>

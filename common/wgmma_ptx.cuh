@@ -115,6 +115,32 @@ __device__ inline void grid_dependency_wait() {
 #endif
 }
 
+// Lets the kernel after this one in the stream, if started by a dependent launch, launch its
+// blocks once every block of this kernel has executed this (or exited), instead of once they have
+// all exited. That kernel must then not rely on grid_dependency_wait's ordering for what it reads
+// before calling it; it synchronizes by other means.
+__device__ inline void grid_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Orders the global-memory writes of this thread's completed bulk operations (bulk_wait) before
+// its later generic-proxy accesses, such as a release that tells other blocks they are done.
+__device__ inline void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+// A counter in global memory that blocks of different kernels use to hand data over: add with
+// release (the writer's earlier writes are visible to whoever sees the new value), read with
+// acquire (what the writer wrote before is visible to this thread's later reads).
+__device__ inline void counter_add_release(int *counter, int value) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
+}
+__device__ inline int counter_load_acquire(const int *counter) {
+    int value;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
+    return value;
+}
+
 // Give registers back (producer) or take them (consumers); a whole warpgroup executes it.
 template <int N>
 __device__ inline void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }

@@ -15,15 +15,18 @@
 //     dQ += dS K reads it transposed. A warpgroup stages its dQ of the walked tile in shared
 //     memory, in the order its threads hold it, and a writer thread of the producer warpgroup adds
 //     the tile to a float dQ in global memory by one bulk reduction (cp.reduce.async.bulk: the L2
-//     does the adds), while the consumers go on; backward_dq_unpermute turns the sums into fp16.
-//     Five products; the order of the adds varies from run to run, so dQ's last bits do.
+//     does the adds), while the consumers go on; backward_dq_unpermute turns the sums into fp16,
+//     each head's as soon as that head's key blocks are done (kEarlyDqConversion), on the SMs that
+//     backward_dk_dv's last blocks leave idle. Five products; the order of the adds varies from
+//     run to run, so dQ's last bits do.
 //   deterministic (-DATOMIC_DQ=0): backward_dq gives each block 128 queries and walks over the key
 //     tiles, recomputing S and dP, and owns its dQ rows: seven products, no atomics, the same bits
 //     on every run.
 // In a tile, S (or Sᵀ) and dP (or dPᵀ) are two wgmma groups: the exponentials of P run while the
 // tensor cores compute dP. Their A operand, the block's own rows (K and V, or Q and dO), is loaded
 // into registers once (kOwnInRegisters), so the tensor cores read only the walked tile from shared
-// memory.
+// memory. Every wait on an mbarrier is a try_wait, which lets the hardware suspend the waiting
+// warp instead of spinning on the same issue slots as the consumers.
 // What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
 // warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers; dQ
 // added by bulk reductions from a writer thread instead of by each warp's atomics.
@@ -74,6 +77,19 @@ constexpr bool kBulkReduceDq = BULK_REDUCE_DQ;
 #define DEPENDENT_LAUNCH 1
 #endif
 constexpr bool kDependentLaunch = DEPENDENT_LAUNCH;
+
+// dQ's conversion started head by head (1): backward_dk_dv lets backward_dq_unpermute launch as
+// soon as all of its own blocks have started (grid_launch_dependents), each of its blocks counts
+// itself on its head's counter once its dQ sums are complete in global memory, and a block of
+// backward_dq_unpermute waits for the key blocks of its own head only, so that the conversion
+// runs on the SMs that backward_dk_dv's last blocks leave idle. Or each block of
+// backward_dq_unpermute waits for the whole of backward_dk_dv (0). It needs the dependent launch
+// (without one the conversion starts after backward_dk_dv anyway) and the bulk reductions (whose
+// writer thread knows when its block's sums are complete).
+#ifndef EARLY_DQ_CONVERSION
+#define EARLY_DQ_CONVERSION 1
+#endif
+constexpr bool kEarlyDqConversion = EARLY_DQ_CONVERSION && kAtomicDq && kBulkReduceDq && kDependentLaunch;
 
 template <int D>
 constexpr bool kDqPerGroup = kAtomicDq && DQ_PER_GROUP && D == 64;
@@ -191,7 +207,7 @@ __device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, c
     }
     for (int tile = 0; tile < n_tiles; tile++) {
         const int slot = tile % L::STAGES;
-        if (tile >= L::STAGES) mbarrier_wait(&m.empty[slot], (tile / L::STAGES - 1) & 1);
+        if (tile >= L::STAGES) mbarrier_wait<true>(&m.empty[slot], (tile / L::STAGES - 1) & 1);
         mbarrier_arrive_expect_tx(&m.full[slot], 2 * sizeof(__half) * L::WALK_ELEMS);
         for (int c = 0; c < D / 64; c++) {
             const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
@@ -243,7 +259,7 @@ template <int D, bool REGS> struct OwnOperands {
     __device__ void issue_s_and_dp(float s_acc[32], float dp_acc[32], const BwdSmem &m, int tile) const {
         constexpr int STAGES = BwdLayout<D>::STAGES;
         const int slot = tile % STAGES;
-        mbarrier_wait(&m.full[slot], (tile / STAGES) & 1);
+        mbarrier_wait<true>(&m.full[slot], (tile / STAGES) & 1);
         wgmma_fence();
         product(s_acc, a_frag, m.own_a, m.walk_a + slot * BwdLayout<D>::WALK_ELEMS);
         wgmma_commit();
@@ -290,9 +306,11 @@ template <int D, bool ATOMIC>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-               const float *lse_log2, const float *delta, __half *dk, __half *dv, float *dq_accum, int S,
-               float scale, int causal) {
+               const float *lse_log2, const float *delta, __half *dk, __half *dv, float *dq_accum,
+               int *dq_heads_done, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
+    // Every block has started: backward_dq_unpermute may launch (kEarlyDqConversion).
+    if (kEarlyDqConversion) grid_launch_dependents();
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem m = bwd_smem<D>(smem_raw);  // own: K, V; walked: Q, dO
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
@@ -317,7 +335,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             using L = BwdLayout<D>;
             for (int tile = 0; tile < n_tiles; tile++) {
                 const int dq_slot = tile % L::DQ_SLOTS;
-                mbarrier_wait(&m.dq_full[dq_slot], (tile / L::DQ_SLOTS) & 1);
+                mbarrier_wait<true>(&m.dq_full[dq_slot], (tile / L::DQ_SLOTS) & 1);
                 for (int part = 0; part < L::DQ_GROUP_TILES; part++)
                     bulk_reduce_add_f32(dq_accum + (head_tiles + first_tile + tile) * L::DQ_TILE_ELEMS,
                                         m.dq_stage + (dq_slot * L::DQ_GROUP_TILES + part) * L::DQ_TILE_ELEMS,
@@ -327,6 +345,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 mbarrier_arrive(&m.dq_empty[dq_slot]);
             }
             bulk_wait<0>();  // the adds are done before the block's shared memory goes
+            if (kEarlyDqConversion) {  // and this key block's share of its head's dQ is in place
+                fence_proxy_async_global();
+                counter_add_release(&dq_heads_done[head_index], 1);
+            }
         }
     } else {
         setmaxnreg_inc<240>();
@@ -356,7 +378,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
-        mbarrier_wait(m.own_full, 0);
+        mbarrier_wait<true>(m.own_full, 0);
         const OwnOperands<D, kOwnInRegisters<D, true>> k_and_v(m, group_row0, warp_row0, lane);
 
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
@@ -455,7 +477,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 const int dq_slot = tile % DQ_SLOTS;
                 float *dq_tile;  // the staging slot's tile, or the walked tile's in the float dQ
                 if constexpr (kBulkReduceDq) {
-                    if (tile >= DQ_SLOTS) mbarrier_wait(&m.dq_empty[dq_slot], (tile / DQ_SLOTS - 1) & 1);
+                    if (tile >= DQ_SLOTS) mbarrier_wait<true>(&m.dq_empty[dq_slot], (tile / DQ_SLOTS - 1) & 1);
                     dq_tile = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
                                                BwdLayout<D>::DQ_TILE_ELEMS;
                 } else {
@@ -488,7 +510,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dk, (void)dv;
-    (void)dq_accum, (void)S, (void)scale, (void)causal;
+    (void)dq_accum, (void)dq_heads_done, (void)S, (void)scale, (void)causal;
 #endif
 }
 
@@ -527,7 +549,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         float dq_acc[D / 2];
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dq_acc[i] = 0.0f;
-        mbarrier_wait(m.own_full, 0);
+        mbarrier_wait<true>(m.own_full, 0);
         const OwnOperands<D, kOwnInRegisters<D, false>> q_and_do(m, group_row0, warp_row0, lane);
 
         // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) of a walked tile.
@@ -590,20 +612,29 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 // (dq_stage_index) into [B, H, S, D] fp16, one block per staged 64 x D tile: the block reads the
 // tile in order (16-byte loads, coalesced), each float4 being columns c, c + 1 of rows r and r + 8,
 // writes them as fp16 into the tile's place in shared memory, then stores whole rows (16-byte
-// stores, coalesced); the padded rows past S are not stored.
+// stores, coalesced); the padded rows past S are not stored. With kEarlyDqConversion it starts while
+// backward_dk_dv's last blocks still run, and waits until all key_blocks blocks of its head have
+// counted themselves done in dq_heads_done.
 template <int D>
-__global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_accum, __half *dq, int S, float scale) {
+__global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_accum, const int *dq_heads_done,
+                                                             int key_blocks, __half *dq, int S, float scale) {
     // Rows 16 bytes longer than D: the 8 rows a warp's fp16 pairs fall in start in other banks.
     constexpr int PITCH = D + 8;
     __shared__ __align__(16) __half tile_rows[BWD_WALK * PITCH];
     const int tiles_per_head = ceil_div(S, BWD_WALK);
     const int head_index = blockIdx.x / tiles_per_head, row0 = blockIdx.x % tiles_per_head * BWD_WALK;
     const float4 *sums = (const float4 *)(dq_accum + (size_t)blockIdx.x * BWD_WALK * D);
-    grid_dependency_wait();  // backward_dk_dv's sums are complete
+    if constexpr (kEarlyDqConversion) {  // this head's sums are complete
+        if (threadIdx.x == 0)
+            while (counter_load_acquire(&dq_heads_done[head_index]) < key_blocks) __nanosleep(64);
+        __syncthreads();
+    } else {
+        grid_dependency_wait();  // backward_dk_dv's sums are complete
+    }
     for (int i = threadIdx.x; i < BWD_WALK * D / 4; i += blockDim.x) {
         int row, col;
         dq_stage_position<D>(i, &row, &col);
-        const float4 x = sums[i];
+        const float4 x = __ldcg(&sums[i]);  // from L2, where the reductions were done
         *(__half2 *)&tile_rows[row * PITCH + col] = __floats2half2_rn(x.x * scale, x.y * scale);
         *(__half2 *)&tile_rows[(row + 8) * PITCH + col] = __floats2half2_rn(x.z * scale, x.w * scale);
     }
@@ -614,11 +645,19 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
         if (row0 + row < S)
             *(uint4 *)(head_dq + (size_t)(row0 + row) * D + col) = *(const uint4 *)&tile_rows[row * PITCH + col];
     }
+    // The stream's next kernel starts once this one has finished: with its last block waiting
+    // for backward_dk_dv here, not before backward_dk_dv has finished too (its dK and dV stores).
+    if (kEarlyDqConversion && blockIdx.x == gridDim.x - 1) grid_dependency_wait();
 }
 
 // The float dQ of the atomic build: BWD_WALK-row tiles per head, the last one padded.
 static size_t dq_accum_elems(const attn_shape *s) {
     return (size_t)s->batch * s->heads * ceil_div(s->seq, BWD_WALK) * BWD_WALK * s->dim;
+}
+// After it, with kEarlyDqConversion, a counter per head (rounded up to four, zeroed with the sums
+// as float4s): how many of the head's key blocks have added their dQ.
+static size_t dq_heads_done_count(const attn_shape *s) {
+    return kEarlyDqConversion ? ((size_t)s->batch * s->heads + 3) / 4 * 4 : 0;
 }
 
 template <int D>
@@ -626,8 +665,10 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const int heads_total = s->batch * s->heads;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     float *dq_accum = kAtomicDq ? scratch_dq_accum(s, t) : NULL;
-    // The delta pre-pass also zeroes dQ's sums.
-    cudaError_t err = launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) : 0);
+    int *dq_heads_done = kAtomicDq ? (int *)(dq_accum + dq_accum_elems(s)) : NULL;
+    // The delta pre-pass also zeroes dQ's sums and the heads' counters.
+    cudaError_t err =
+        launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
     // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
     CUtensorMap own[4], walk[4];  // q, k, v, do
     const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
@@ -650,18 +691,21 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         return cudaGetLastError();
     };
     err = launch(backward_dk_dv<D, kAtomicDq>, grid, BWD_THREADS, smem, walk[0], own[1], own[2], walk[3], lse, delta,
-                 (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq, scale, s->causal);
+                 (__half *)t->dk, (__half *)t->dv, dq_accum, dq_heads_done, s->seq, scale, s->causal);
     if (err != cudaSuccess) return err;
     if (kAtomicDq)
         return launch(backward_dq_unpermute<D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
-                      (const float *)dq_accum, (__half *)t->dq, s->seq, scale);
+                      (const float *)dq_accum, (const int *)dq_heads_done, (int)grid.x, (__half *)t->dq, s->seq,
+                      scale);
     return launch(backward_dq<D>, grid, BWD_THREADS, smem, own[0], walk[1], walk[2], own[3], lse, delta,
                   (__half *)t->dq, s->seq, scale, s->causal);
 }
 
-// The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ.
+// The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ and the
+// heads' counters (kEarlyDqConversion).
 size_t stage09_backward_scratch_bytes(const attn_shape *s) {
-    return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * dq_accum_elems(s) : delta_scratch_bytes(s);
+    return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * dq_accum_elems(s) + sizeof(int) * dq_heads_done_count(s)
+                     : delta_scratch_bytes(s);
 }
 
 size_t stage09_backward_shared_bytes(const attn_shape *s) {
