@@ -1,7 +1,8 @@
 // wgmma_ptx.cuh - wrappers over the Hopper (sm_90a) instructions stage 09 uses: wgmma (warpgroup
 // matrix multiply-accumulate, operands read from shared memory by the tensor cores), the copy
 // engine's tiled loads (TMA, cp.async.bulk.tensor) that complete on an mbarrier, its tiled stores
-// and bulk reductions, and setmaxnreg.
+// and bulk reductions, setmaxnreg, the dependent-launch controls (griddepcontrol), and the
+// release/acquire counters by which one kernel's blocks hand data to the next kernel's.
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first warp index a multiple of 4). One
 // wgmma.m64nNk16 computes a 64 x N tile with K = 16; warp w of the group owns rows 16w..16w+15 and

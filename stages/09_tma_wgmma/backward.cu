@@ -309,7 +309,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                const float *lse_log2, const float *delta, __half *dk, __half *dv, float *dq_accum,
                int *dq_heads_done, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
-    // Every block has started: backward_dq_unpermute may launch (kEarlyDqConversion).
+    // Once every block of this kernel has got here, backward_dq_unpermute may launch
+    // (kEarlyDqConversion): onto the SMs that the last blocks leave idle.
     if (kEarlyDqConversion) grid_launch_dependents();
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem m = bwd_smem<D>(smem_raw);  // own: K, V; walked: Q, dO
