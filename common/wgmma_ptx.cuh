@@ -119,7 +119,8 @@ __device__ inline void grid_dependency_wait() {
 // Lets the kernel after this one in the stream, if started by a dependent launch, launch its
 // blocks once every block of this kernel has executed this (or exited), instead of once they have
 // all exited. That kernel must then not rely on grid_dependency_wait's ordering for what it reads
-// before calling it; it synchronizes by other means.
+// before calling it; it synchronizes by other means. Nor is the kernel before this one ordered
+// before it, unless this block executes it after its own grid_dependency_wait.
 __device__ inline void grid_launch_dependents() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

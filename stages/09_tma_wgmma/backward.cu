@@ -79,10 +79,11 @@ constexpr bool kBulkReduceDq = BULK_REDUCE_DQ;
 constexpr bool kDependentLaunch = DEPENDENT_LAUNCH;
 
 // dQ's conversion started head by head (1): backward_dk_dv lets backward_dq_unpermute launch as
-// soon as all of its own blocks have started (grid_launch_dependents), each of its blocks counts
-// itself on its head's counter once its dQ sums are complete in global memory, and a block of
-// backward_dq_unpermute waits for the key blocks of its own head only, so that the conversion
-// runs on the SMs that backward_dk_dv's last blocks leave idle. Or each block of
+// soon as all of its own blocks have started and waited for backward_delta
+// (grid_launch_dependents), each of its blocks counts itself on its head's counter once its dQ
+// sums are complete in global memory, and a block of backward_dq_unpermute waits for the key
+// blocks of its own head only, so that the conversion runs on the SMs that backward_dk_dv's last
+// blocks leave idle. Or each block of
 // backward_dq_unpermute waits for the whole of backward_dk_dv (0). It needs the dependent launch
 // (without one the conversion starts after backward_dk_dv anyway) and the bulk reductions (whose
 // writer thread knows when its block's sums are complete).
@@ -309,9 +310,6 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                const float *lse_log2, const float *delta, __half *dk, __half *dv, float *dq_accum,
                int *dq_heads_done, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
-    // Once every block of this kernel has got here, backward_dq_unpermute may launch
-    // (kEarlyDqConversion): onto the SMs that the last blocks leave idle.
-    if (kEarlyDqConversion) grid_launch_dependents();
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem m = bwd_smem<D>(smem_raw);  // own: K, V; walked: Q, dO
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
@@ -364,6 +362,11 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
         const int stat = threadIdx.x % 128, stat_query = stat % BWD_WALK;  // stat < 64: lse, else delta
         grid_dependency_wait();  // backward_delta has written delta (and zeroed the float dQ)
+        // Once every block of this kernel has got here, backward_dq_unpermute may launch
+        // (kEarlyDqConversion), onto the SMs that the last blocks leave idle. Not earlier: its
+        // blocks read the heads' counters, which backward_delta zeroes, and only this kernel's
+        // wait orders them after backward_delta.
+        if (kEarlyDqConversion) grid_launch_dependents();
         auto load_stat = [&](int tile) {
             const int query = (first_tile + tile) * BWD_WALK + stat_query;
             if (query >= S) return stat < BWD_WALK ? INFINITY : 0.0f;
