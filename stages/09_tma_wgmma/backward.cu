@@ -83,10 +83,9 @@ constexpr bool kDependentLaunch = DEPENDENT_LAUNCH;
 // (grid_launch_dependents), each of its blocks counts itself on its head's counter once its dQ
 // sums are complete in global memory, and a block of backward_dq_unpermute waits for the key
 // blocks of its own head only, so that the conversion runs on the SMs that backward_dk_dv's last
-// blocks leave idle. Or each block of
-// backward_dq_unpermute waits for the whole of backward_dk_dv (0). It needs the dependent launch
-// (without one the conversion starts after backward_dk_dv anyway) and the bulk reductions (whose
-// writer thread knows when its block's sums are complete).
+// blocks leave idle. Or each block of backward_dq_unpermute waits for the whole of backward_dk_dv
+// (0). It needs the dependent launch (without one the conversion starts after backward_dk_dv
+// anyway) and the bulk reductions (whose writer thread knows when its block's sums are complete).
 #ifndef EARLY_DQ_CONVERSION
 #define EARLY_DQ_CONVERSION 1
 #endif
@@ -617,11 +616,11 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 // tile in order (16-byte loads, coalesced), each float4 being columns c, c + 1 of rows r and r + 8,
 // writes them as fp16 into the tile's place in shared memory, then stores whole rows (16-byte
 // stores, coalesced); the padded rows past S are not stored. With kEarlyDqConversion it starts while
-// backward_dk_dv's last blocks still run, and waits until all key_blocks blocks of its head have
-// counted themselves done in dq_heads_done.
+// backward_dk_dv's last blocks still run, and waits until all key blocks of its head (BWD_OWN keys
+// each, as backward_dk_dv's grid has them) have counted themselves done in dq_heads_done.
 template <int D>
 __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_accum, const int *dq_heads_done,
-                                                             int key_blocks, __half *dq, int S, float scale) {
+                                                             __half *dq, int S, float scale) {
     // Rows 16 bytes longer than D: the 8 rows a warp's fp16 pairs fall in start in other banks.
     constexpr int PITCH = D + 8;
     __shared__ __align__(16) __half tile_rows[BWD_WALK * PITCH];
@@ -630,7 +629,7 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
     const float4 *sums = (const float4 *)(dq_accum + (size_t)blockIdx.x * BWD_WALK * D);
     if constexpr (kEarlyDqConversion) {  // this head's sums are complete
         if (threadIdx.x == 0)
-            while (counter_load_acquire(&dq_heads_done[head_index]) < key_blocks) __nanosleep(64);
+            while (counter_load_acquire(&dq_heads_done[head_index]) < ceil_div(S, BWD_OWN)) __nanosleep(64);
         __syncthreads();
     } else {
         grid_dependency_wait();  // backward_dk_dv's sums are complete
@@ -669,7 +668,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const int heads_total = s->batch * s->heads;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     float *dq_accum = kAtomicDq ? scratch_dq_accum(s, t) : NULL;
-    int *dq_heads_done = kAtomicDq ? (int *)(dq_accum + dq_accum_elems(s)) : NULL;
+    int *dq_heads_done = kEarlyDqConversion ? (int *)(dq_accum + dq_accum_elems(s)) : NULL;
     // The delta pre-pass also zeroes dQ's sums and the heads' counters.
     cudaError_t err =
         launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
@@ -699,8 +698,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     if (err != cudaSuccess) return err;
     if (kAtomicDq)
         return launch(backward_dq_unpermute<D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
-                      (const float *)dq_accum, (const int *)dq_heads_done, (int)grid.x, (__half *)t->dq, s->seq,
-                      scale);
+                      (const float *)dq_accum, (const int *)dq_heads_done, (__half *)t->dq, s->seq, scale);
     return launch(backward_dq<D>, grid, BWD_THREADS, smem, own[0], walk[1], walk[2], own[3], lse, delta,
                   (__half *)t->dq, s->seq, scale, s->causal);
 }
