@@ -203,6 +203,25 @@ __device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group
 template <int N>
 __device__ inline void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// A 64 x D wgmma accumulator, row r of this thread's two scaled by factor[r], as fp16 into a
+// staging tile [D/64][TILE_ROWS][64] in the 128-byte swizzle that a TMA store reads:
+// acc[4j + 2r], acc[4j + 2r + 1] are row g + 8r of the warp's 16 (from `row0` in the tile),
+// columns 8j + 2t, +1, that is chunk j % 8 of 64-column slab j / 8. The chunk goes to
+// c ^ (row % 8) = c ^ g; one instruction's 32 lanes hit 32 different banks.
+template <int D, int TILE_ROWS>
+__device__ __forceinline__ void store_acc_tile(__half *tile, int row0, const float (&acc)[D / 2],
+                                               const float (&factor)[2], int g, int t) {
+    const uint32_t row_address = smem_address(tile + (row0 + g) * 64) + 4 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t address = row_address + (j / 8) * TILE_ROWS * 64 * sizeof(__half) +
+                                     8 * r * 64 * sizeof(__half) + (((j % 8) ^ g) << 4);
+            st_shared_b32(address, __floats2half2_rn(acc[4 * j + 2 * r] * factor[r], acc[4 * j + 2 * r + 1] * factor[r]));
+        }
+}
+
 // The wgmma shapes stage 09 needs, written out (one operand per accumulator register). scale_d = 0
 // overwrites D (the first k step), 1 accumulates. The transposes are the instruction's immediates:
 //   TRANS_A (shared-memory A only) = 0: A K-major (its rows are M, as Q's are for S = Q Kᵀ);

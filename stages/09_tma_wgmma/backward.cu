@@ -26,10 +26,13 @@
 // tensor cores compute dP. Their A operand, the block's own rows (K and V, or Q and dO), is loaded
 // into registers once (kOwnInRegisters), so the tensor cores read only the walked tile from shared
 // memory. Every wait on an mbarrier is a try_wait, which lets the hardware suspend the waiting
-// warp instead of spinning on the same issue slots as the consumers.
+// warp instead of spinning on the same issue slots as the consumers. At the end of
+// backward_dk_dv the warpgroups write dK and dV into the shared memory of the owned K and V tiles,
+// and TMA stores take them to global memory (kTmaStoreDkDv), so that the block frees its SM soon.
 // What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
 // warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers; dQ
-// added by bulk reductions from a writer thread instead of by each warp's atomics.
+// added by bulk reductions from a writer thread instead of by each warp's atomics; dK and dV
+// written by TMA stores.
 // Limits: Hopper only; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and dQ
 // products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
 // without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the
@@ -93,6 +96,17 @@ constexpr bool kEarlyDqConversion = EARLY_DQ_CONVERSION && kAtomicDq && kBulkRed
 
 template <int D>
 constexpr bool kDqPerGroup = kAtomicDq && DQ_PER_GROUP && D == 64;
+
+// dK and dV of backward_dk_dv written through shared memory by TMA stores (1): once both
+// warpgroups are done with the owned K and V tiles, each writes its rows of dK and dV as fp16 into
+// their place and one of its threads hands them to the copy engine, which writes whole 128-byte
+// rows, so that the block leaves its SM soon after. Or each thread stores its accumulators to
+// global memory itself (0): 4-byte stores from registers, eight rows apart, which the SM must issue
+// before the block's last warps can exit.
+#ifndef TMA_STORE_DK_DV
+#define TMA_STORE_DK_DV 1
+#endif
+constexpr bool kTmaStoreDkDv = TMA_STORE_DK_DV;
 
 // The owned tile's rows as A operands from registers (1), loaded once per block, instead of read
 // from shared memory by every wgmma of S and dP (0). Where the registers allow it: both kernels
@@ -306,6 +320,7 @@ template <int D, bool ATOMIC>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+               const __grid_constant__ CUtensorMap dk_map, const __grid_constant__ CUtensorMap dv_map,
                const float *lse_log2, const float *delta, __half *dk, __half *dv, float *dq_accum,
                int *dq_heads_done, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
@@ -507,13 +522,32 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         }
         wgmma_wait<0>();
         fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-        const size_t head = (size_t)head_index * S * D;
-        store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
-        store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
+        if constexpr (kTmaStoreDkDv) {
+            // The owned tiles become the staging tiles once neither warpgroup reads them (at
+            // D = 128 each group's dQ product reads the keys of both); rows past S are not written.
+            named_barrier_sync(1, 128 * BWD_GROUPS);
+            store_acc_tile<D, BWD_OWN>(m.own_a, group_row0 + warp_row0, dk_acc, {scale, scale}, g, t);
+            store_acc_tile<D, BWD_OWN>(m.own_b, group_row0 + warp_row0, dv_acc, {1.0f, 1.0f}, g, t);
+            fence_proxy_async_shared();
+            named_barrier_sync(2 + consumer, 128);
+            if (threadIdx.x % 128 == 0) {
+                for (int c = 0; c < D / 64; c++) {
+                    const int offset = c * BWD_OWN * 64 + group_row0 * 64;
+                    tma_store_3d(&dk_map, m.own_a + offset, c * 64, k0 + group_row0, head_index);
+                    tma_store_3d(&dv_map, m.own_b + offset, c * 64, k0 + group_row0, head_index);
+                }
+                bulk_commit();
+                bulk_wait_read<0>();  // the block's shared memory must outlive the stores' reads
+            }
+        } else {
+            const size_t head = (size_t)head_index * S * D;
+            store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
+            store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
+        }
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dk, (void)dv;
-    (void)dq_accum, (void)dq_heads_done, (void)S, (void)scale, (void)causal;
+    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)dk_map, (void)dv_map, (void)lse_log2, (void)delta;
+    (void)dk, (void)dv, (void)dq_accum, (void)dq_heads_done, (void)S, (void)scale, (void)causal, (void)kTmaStoreDkDv;
 #endif
 }
 
@@ -679,6 +713,10 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         err = make_tensor_map_bhsd(&own[i], tensors[i], heads_total, s->seq, D, BWD_OWN);
         if (err == cudaSuccess) err = make_tensor_map_bhsd(&walk[i], tensors[i], heads_total, s->seq, D, BWD_WALK);
     }
+    // dK and dV are stored a warpgroup's 64 rows at a time (kTmaStoreDkDv).
+    CUtensorMap dk_map, dv_map;
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&dk_map, t->dk, heads_total, s->seq, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&dv_map, t->dv, heads_total, s->seq, D, 64);
     const size_t smem = BwdLayout<D>::bytes;
     if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D, kAtomicDq>, smem);
     if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, smem);
@@ -693,8 +731,9 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         kernel<<<blocks, threads, shared_bytes, stream>>>(args...);
         return cudaGetLastError();
     };
-    err = launch(backward_dk_dv<D, kAtomicDq>, grid, BWD_THREADS, smem, walk[0], own[1], own[2], walk[3], lse, delta,
-                 (__half *)t->dk, (__half *)t->dv, dq_accum, dq_heads_done, s->seq, scale, s->causal);
+    err = launch(backward_dk_dv<D, kAtomicDq>, grid, BWD_THREADS, smem, walk[0], own[1], own[2], walk[3], dk_map,
+                 dv_map, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, dq_heads_done, s->seq, scale,
+                 s->causal);
     if (err != cudaSuccess) return err;
     if (kAtomicDq)
         return launch(backward_dq_unpermute<D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,

@@ -223,24 +223,6 @@ __device__ __forceinline__ void rescale_rows(float (&o_acc)[D / 2], const float 
         for (int e = 0; e < 4; e++) o_acc[4 * j + e] *= alpha[e / 2];
 }
 
-// O / l of this thread's rows into O's staging tile, as fp16 in the tile's 128-byte swizzle (what
-// the TMA store reads): o_acc[4j + 2r], o_acc[4j + 2r + 1] are row g + 8r of the warp's 16 (from
-// `row0` in the tile), columns 8j + 2t, +1, that is chunk j % 8 of 64-column slab j / 8. The
-// chunk goes to c ^ (row % 8) = c ^ g; one instruction's 32 lanes hit 32 different banks.
-template <int D, int BLOCK_ROWS>
-__device__ __forceinline__ void store_o_tile(__half *o_tile, int row0, const float (&o_acc)[D / 2],
-                                             const float (&inv)[2], int g, int t) {
-    const uint32_t row_address = smem_address(o_tile + (row0 + g) * SLAB) + 4 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; j++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const uint32_t address = row_address + (j / 8) * BLOCK_ROWS * SLAB * sizeof(__half) +
-                                     8 * r * SLAB * sizeof(__half) + (((j % 8) ^ g) << 4);
-            st_shared_b32(address, __floats2half2_rn(o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]));
-        }
-}
-
 // Ping-pong: consumer warpgroup c may issue its products once it holds the turn (named barrier
 // 1 + c, which warpgroup c - 1 arrives on when it passes the turn on), so the groups issue in
 // the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products. A lone
@@ -465,7 +447,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     // The staging tile is free once the previous query tile's store has read it.
                     if (o_storer) bulk_wait_read<0>();
                     named_barrier_sync(o_barrier, 128);
-                    store_o_tile<D, BLOCK_ROWS>(o_tile, warp_row0, o_acc, inv, g, t);
+                    store_acc_tile<D, BLOCK_ROWS>(o_tile, warp_row0, o_acc, inv, g, t);  // O / l
                     fence_proxy_async_shared();
                     named_barrier_sync(o_barrier, 128);
                     if (o_storer) {  // the warpgroup's 64 rows; rows past S are not written
