@@ -142,6 +142,12 @@ __device__ inline int counter_load_acquire(const int *counter) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
     return value;
 }
+// The GPU's clock in nanoseconds (%globaltimer), for a bound on a wait that should never be long.
+__device__ inline unsigned long long globaltimer_ns() {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
+    return ns;
+}
 
 // Give registers back (producer) or take them (consumers); a whole warpgroup executes it.
 template <int N>

@@ -662,13 +662,16 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
     const int head_index = blockIdx.x / tiles_per_head, row0 = blockIdx.x % tiles_per_head * BWD_WALK;
     const float4 *sums = (const float4 *)(dq_accum + (size_t)blockIdx.x * BWD_WALK * D);
     if constexpr (kEarlyDqConversion) {  // this head's sums are complete
-        // A key block takes at most milliseconds; a count that has not come after 2^26 polls (about
-        // a minute) means a broken hand-over, and the trap fails the launch instead of hanging it.
-        if (threadIdx.x == 0)
-            for (long polls = 0; counter_load_acquire(&dq_heads_done[head_index]) < ceil_div(S, BWD_OWN); polls++) {
-                if (polls == 1L << 26) __trap();
+        // A key block takes milliseconds; a count still missing after a minute means a broken
+        // hand-over, and the trap fails the launch (an error the program sees at its next CUDA
+        // call, after which the context is unusable) instead of hanging it.
+        if (threadIdx.x == 0) {
+            const unsigned long long start = globaltimer_ns();
+            while (counter_load_acquire(&dq_heads_done[head_index]) < ceil_div(S, BWD_OWN)) {
+                if (globaltimer_ns() - start > 60ull * 1000000000ull) __trap();
                 __nanosleep(64);
             }
+        }
         __syncthreads();
     } else {
         grid_dependency_wait();  // backward_dk_dv's sums are complete
