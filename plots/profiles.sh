@@ -10,6 +10,10 @@
 # reasons, the benchmark's for speed. Needs a GPU, ncu and FLASH_STAGES_BIN (default build/bin).
 # Given programs (a stage whose kernels changed), only those are profiled again: their rows of the
 # CSV and their stages' pages are replaced, the other rows kept.
+# Another shape, for a lesson that explains a point of the sweep: PROFILE_SEQ=S (B = 16384 / S,
+# as in the sweep), PROFILE_CAUSAL=1, PROFILE_DIMS="64" and PROFILE_FORWARD_ONLY=1 change the run;
+# its pages and metrics go beside the standard ones, tagged with the shape:
+#   docs/profiles/<stage>_<gpu>_s<S>[_causal]_ncu.txt, plots/data/<gpu>_s<S>[_causal]_profiles.csv.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source plots/gpu_slug.sh
@@ -20,6 +24,10 @@ command -v ncu >/dev/null || { echo "profiles: ncu (Nsight Compute) not found" >
 slug=$(gpu_slug "$gpu_name")
 commit=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 work=$(mktemp -d "${TMPDIR:-/tmp}/profiles.XXXXXX")
+seq=${PROFILE_SEQ:-4096} causal=${PROFILE_CAUSAL:-0} dims=${PROFILE_DIMS:-64 128}
+tag= mask=non-causal causal_flag=()
+[ "$causal" = 1 ] && mask=causal causal_flag=(--causal)
+[ "$seq" != 4096 ] || [ "$causal" = 1 ] && tag=_s$seq${causal_flag:+_causal}
 
 # The programs profiled: every stage, the ablation builds whose lesson quotes their profile, and
 # the PyTorch peers the lessons compare with (sdpa_<backend>: plots/sdpa_once.py runs one forward
@@ -53,22 +61,23 @@ for program in "${programs[@]}"; do
     else
         [ -x "$bin/$program" ] || { echo "profiles: $bin/$program not built, skipped"; continue; }
     fi
-    page=docs/profiles/${stage}_${slug}_ncu.txt
+    page=docs/profiles/${stage}_${slug}${tag}_ncu.txt
     if [ -z "${started[$stage]:-}" ]; then
         started[$stage]=1
         {
             echo "# Nsight Compute on the $gpu_name, written by plots/profiles.sh at commit $commit."
-            echo "# S = 4096, B = 4, H*D = 2048, non-causal; every kernel of one run of the program."
+            echo "# S = $seq, B = $((16384 / seq)), H*D = 2048, $mask; every kernel of one run of the program."
             echo "# ncu runs kernels at base clocks and replays them: its durations are longer than the"
             echo "# benchmark's. The selected metrics are in plots/data/${slug}_profiles.csv."
         } >"$page"
     fi
     # A stage with a backward pass runs it after the forward: one run profiles the kernels of both.
     pass=
-    "${run[@]}" --backward --batch 1 --heads 1 --seq 16 --dim 64 >/dev/null 2>&1 && pass=--backward
-    for dim in 64 128; do
+    [ "${PROFILE_FORWARD_ONLY:-0}" = 1 ] ||
+        { "${run[@]}" --backward --batch 1 --heads 1 --seq 16 --dim 64 >/dev/null 2>&1 && pass=--backward; }
+    for dim in $dims; do
         report=$work/${program}_D$dim
-        args=($pass --batch 4 --heads $((2048 / dim)) --seq 4096 --dim $dim)
+        args=($pass --batch $((16384 / seq)) --heads $((2048 / dim)) --seq $seq --dim $dim "${causal_flag[@]}")
         echo "profiles: $program ${args[*]}"
         if ! ncu "${filter[@]}" "${sections[@]}" --metrics "$metrics" --export "$report" --force-overwrite \
             "${run[@]}" "${args[@]}" >"$report.log" 2>&1; then
@@ -85,7 +94,7 @@ for program in "${programs[@]}"; do
     done
 done
 mkdir -p plots/data
-csv=plots/data/${slug}_profiles.csv
+csv=plots/data/${slug}${tag}_profiles.csv
 {
     echo "gpu,build,kernel,dim,metric,value,unit,commit"
     # With programs given, the rows of the others stay (column 2 is the build).
@@ -95,6 +104,6 @@ csv=plots/data/${slug}_profiles.csv
     fi
     cat "$work/profiles.csv" 2>/dev/null
 } >"$csv.new" && mv "$csv.new" "$csv"
-echo "profiles: wrote $csv ($(($(wc -l <"$csv") - 1)) rows) and docs/profiles/*_${slug}_ncu.txt"
+echo "profiles: wrote $csv ($(($(wc -l <"$csv") - 1)) rows) and docs/profiles/*_${slug}${tag}_ncu.txt"
 rm -rf "$work"
 exit $status
