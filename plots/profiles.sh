@@ -68,7 +68,7 @@ for program in "${programs[@]}"; do
             echo "# Nsight Compute on the $gpu_name, written by plots/profiles.sh at commit $commit."
             echo "# S = $seq, B = $((16384 / seq)), H*D = 2048, $mask; every kernel of one run of the program."
             echo "# ncu runs kernels at base clocks and replays them: its durations are longer than the"
-            echo "# benchmark's. The selected metrics are in plots/data/${slug}_profiles.csv."
+            echo "# benchmark's. The selected metrics are in plots/data/${slug}${tag}_profiles.csv."
         } >"$page"
     fi
     # A stage with a backward pass runs it after the forward: one run profiles the kernels of both.
