@@ -11,12 +11,23 @@
 # Given programs (a stage whose kernels changed), only those are profiled again: their rows of the
 # CSV and their stages' pages are replaced, the other rows kept.
 # Another shape, for a lesson that explains a point of the sweep: PROFILE_SEQ=S (B = 16384 / S,
-# as in the sweep), PROFILE_CAUSAL=1, PROFILE_DIMS="64" and PROFILE_FORWARD_ONLY=1 change the run;
-# its pages and metrics go beside the standard ones, tagged with the shape:
+# as in the sweep) and PROFILE_CAUSAL=1 change the run, and with them PROFILE_DIMS="64" and
+# PROFILE_FORWARD_ONLY=1 may narrow it; its pages and metrics go beside the standard ones, tagged
+# with the shape:
 #   docs/profiles/<stage>_<gpu>_s<S>[_causal]_ncu.txt, plots/data/<gpu>_s<S>[_causal]_profiles.csv.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source plots/gpu_slug.sh
+seq=${PROFILE_SEQ:-4096} causal=${PROFILE_CAUSAL:-0} dims=${PROFILE_DIMS:-64 128}
+forward_only=${PROFILE_FORWARD_ONLY:-0}
+tag= mask=non-causal causal_flag=()
+[ "$causal" = 1 ] && mask=causal causal_flag=(--causal)
+[ "$seq" != 4096 ] || [ "$causal" = 1 ] && tag=_s$seq${causal_flag:+_causal}
+# The standard profile is of both passes at D = 64 and 128: fewer would drop rows the lessons read.
+if [ -z "$tag" ] && { [ "$dims" != "64 128" ] || [ "$forward_only" = 1 ]; }; then
+    echo "profiles: PROFILE_DIMS and PROFILE_FORWARD_ONLY apply to another shape (PROFILE_SEQ, PROFILE_CAUSAL) only" >&2
+    exit 2
+fi
 bin=${FLASH_STAGES_BIN:-build/bin}
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 [ -n "$gpu_name" ] || { echo "profiles: no NVIDIA GPU found (nvidia-smi failed)" >&2; exit 1; }
@@ -24,10 +35,6 @@ command -v ncu >/dev/null || { echo "profiles: ncu (Nsight Compute) not found" >
 slug=$(gpu_slug "$gpu_name")
 commit=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 work=$(mktemp -d "${TMPDIR:-/tmp}/profiles.XXXXXX")
-seq=${PROFILE_SEQ:-4096} causal=${PROFILE_CAUSAL:-0} dims=${PROFILE_DIMS:-64 128}
-tag= mask=non-causal causal_flag=()
-[ "$causal" = 1 ] && mask=causal causal_flag=(--causal)
-[ "$seq" != 4096 ] || [ "$causal" = 1 ] && tag=_s$seq${causal_flag:+_causal}
 
 # The programs profiled: every stage, the ablation builds whose lesson quotes their profile, and
 # the PyTorch peers the lessons compare with (sdpa_<backend>: plots/sdpa_once.py runs one forward
@@ -73,7 +80,7 @@ for program in "${programs[@]}"; do
     fi
     # A stage with a backward pass runs it after the forward: one run profiles the kernels of both.
     pass=
-    [ "${PROFILE_FORWARD_ONLY:-0}" = 1 ] ||
+    [ "$forward_only" = 1 ] ||
         { "${run[@]}" --backward --batch 1 --heads 1 --seq 16 --dim 64 >/dev/null 2>&1 && pass=--backward; }
     for dim in $dims; do
         report=$work/${program}_D$dim
