@@ -523,9 +523,13 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         wgmma_wait<0>();
         fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
         if constexpr (kTmaStoreDkDv) {
-            // The owned tiles become the staging tiles once neither warpgroup reads them (at
-            // D = 128 each group's dQ product reads the keys of both); rows past S are not written.
-            named_barrier_sync(1, 128 * BWD_GROUPS);
+            // The owned tiles become the staging tiles once no warpgroup reads them: where a
+            // group's dQ product reads the keys of both (atomic dQ at D = 128), once both are
+            // done; else each group's own rows once it is. Rows past S are not written.
+            if (ATOMIC && !kPerGroup)
+                named_barrier_sync(1, 128 * BWD_GROUPS);
+            else
+                named_barrier_sync(2 + consumer, 128);
             store_acc_tile<D, BWD_OWN>(m.own_a, group_row0 + warp_row0, dk_acc, {scale, scale}, g, t);
             store_acc_tile<D, BWD_OWN>(m.own_b, group_row0 + warp_row0, dv_acc, {1.0f, 1.0f}, g, t);
             fence_proxy_async_shared();
