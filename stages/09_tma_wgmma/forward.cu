@@ -100,6 +100,19 @@
 #ifndef TMA_STORE_THREE_GROUPS
 #define TMA_STORE_THREE_GROUPS 0
 #endif
+// A query tile whose rows all fall to the first of three consumer warpgroups (a head's last tile,
+// S - q0 <= 64) shared out by its key tiles (1): every warpgroup walks every third key tile for
+// those 64 rows, and the three partial results (row max, row sum, O) are merged through shared
+// memory; the non-causal schedule rotates each head's tiles, so that these cheaper tiles fall to
+// every block in turn. Or the tile walked as any other, by the one warpgroup with rows (0), while
+// the other two compute rows past S that are never stored. A build of its own (the kernel's SPLIT
+// parameter), run only where a head has at most SPLIT_MAX_TILES tiles (the launcher says why).
+#ifndef SPLIT_PARTIAL_TILE
+#define SPLIT_PARTIAL_TILE 1
+#endif
+#ifndef SPLIT_MAX_TILES
+#define SPLIT_MAX_TILES 8
+#endif
 // Ring slots. With the overlap, two V slots are taken at once: tile n - 1's, read by the P V in
 // flight, and tile n's, loaded with K_n and read a step later; so two V slots would leave the
 // producer nothing to prefetch into.
@@ -122,13 +135,14 @@ constexpr bool kPersistent = PERSISTENT;
 constexpr bool kSmallOneGroup = SMALL_ONE_GROUP;
 constexpr bool kTmaStoreO = TMA_STORE_O;
 constexpr bool kTmaStoreThreeGroups = TMA_STORE_THREE_GROUPS;
+constexpr bool kSplitPartialTile = SPLIT_PARTIAL_TILE;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
 #define KEY_TILE 128
 #define SLAB 64        // fp16 columns per 128-byte swizzled slab
 
-template <int D, int GROUPS_> struct FwdLayout {
+template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     static constexpr int GROUPS = GROUPS_;                         // consumer warpgroups
     static constexpr int THREADS = 128 * (GROUPS + 1);            // and the producer warpgroup
     static constexpr int BLOCK_ROWS = GROUPS * GROUP_ROWS;        // query rows per block
@@ -142,11 +156,19 @@ template <int D, int GROUPS_> struct FwdLayout {
     static constexpr bool TMA_STORE = kTmaStoreO && (GROUPS <= 2 || kTmaStoreThreeGroups);
     static constexpr int O_ELEMS = TMA_STORE ? Q_ELEMS : 0;
     static constexpr int TILE_ELEMS = KEY_TILE * D;
+    // The overlap inside a warpgroup (kIntraOverlap) runs with one or two consumer warpgroups.
+    static constexpr bool OVERLAP = kIntraOverlap && (GROUPS <= 2 || kOverlapThreeGroups);
+    // Partial tiles shared out by key tiles (kSplitPartialTile): three groups, the loop without overlap.
+    static constexpr bool SPLIT = SPLIT_ && kSplitPartialTile && GROUPS == 3 && !OVERLAP;
+    // Per thread of each warpgroup but the first: its O accumulators, row max and row sum (2 each).
+    static constexpr int MERGE_VALUES = D / 2 + 4;
+    static constexpr int MERGE_FLOATS = SPLIT ? (GROUPS - 1) * MERGE_VALUES * 128 : 0;
     // Q [D/64][BLOCK_ROWS][64], the K ring [K_STAGES][D/64][KEY_TILE][64], the V ring likewise,
-    // O's staging tile (Q's layout), then the mbarriers (full and empty for each K and V slot, and
-    // Q's); 1024 spare bytes to align the start to a swizzle atom.
+    // O's staging tile (Q's layout), the merge area [GROUPS-1][MERGE_VALUES][128 threads] (fp32),
+    // then the mbarriers (full and empty for each K and V slot, and Q's); 1024 spare bytes to align
+    // the start to a swizzle atom.
     static constexpr size_t bytes = 1024 + sizeof(__half) * (Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
-                                    sizeof(uint64_t) * (2 * SLOTS + 2);
+                                    sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 2);
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
@@ -154,13 +176,14 @@ template <int D, int GROUPS_> struct FwdLayout {
 
 // Issue S = Q Kᵀ (64 rows x 128 keys) as one wgmma group; both operands in shared memory, K-major:
 // step kk starts 32 bytes further into the 128-byte rows of slab kk / 4.
+// The Q rows are those of warpgroup q_group (its own, or the first's in a shared-out tile).
 template <int D, int BLOCK_ROWS>
 __device__ __forceinline__ void issue_qk(float (&s_acc)[KEY_TILE / 2], const __half *q_tile, const __half *k_tile,
-                                         int consumer) {
+                                         int q_group) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, consumer * GROUP_ROWS, kk),
+        wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, q_group * GROUP_ROWS, kk),
                                   desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
     wgmma_commit();
 }
@@ -245,9 +268,13 @@ template <int GROUPS> struct Turns {
 // round-robin is balanced. With fewer tiles than SMs, pairs would only put two tiles one after
 // the other on an SM while others idle, so every tile is its own unit, longest first.
 // Units run head by head, so the blocks at work at any moment read the K and V of few heads,
-// which stay in L2.
+// which stay in L2. Where a head's last tile is cheaper than the others (shared out by its key
+// tiles, kSplitPartialTile) and the tiles are not causal, each head's tiles are rotated by the
+// round (of gridDim.x units) that the head starts in: with as many SMs as a multiple of the tiles
+// per head (132 SMs, 6 tiles at S = 1024), block b would otherwise get tile b % 6 of every head,
+// and the cheap ones would all fall to the same blocks.
 struct Schedule {
-    int n_qblocks, heads_total, paired;
+    int n_qblocks, heads_total, paired, rotated;
     __host__ __device__ int units_per_head() const { return paired ? (n_qblocks + 1) / 2 : n_qblocks; }
     __host__ __device__ int units() const { return heads_total * units_per_head(); }
     __device__ int tiles_of(int unit) const {
@@ -258,18 +285,19 @@ struct Schedule {
     __device__ int q_block(int unit, int i, int causal) const {
         const int j = unit % units_per_head();
         if (paired) return i == 0 ? n_qblocks - 1 - j : j;
-        return causal ? n_qblocks - 1 - j : j;
+        if (causal) return n_qblocks - 1 - j;
+        return rotated ? (j + head(unit) * n_qblocks / gridDim.x) % n_qblocks : j;
     }
     __device__ int head(int unit) const { return unit / units_per_head(); }
 };
 
-template <int D, int GROUPS>
-__global__ void __launch_bounds__(FwdLayout<D, GROUPS>::THREADS, 1)
+template <int D, int GROUPS, bool SPLIT>
+__global__ void __launch_bounds__(FwdLayout<D, GROUPS, SPLIT>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, __half *o,
               float *lse_log2, int S, float scale, int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
-    using L = FwdLayout<D, GROUPS>;
+    using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
     // Rounded up on the integer value: every access below goes through smem_address (PTX's shared
@@ -282,11 +310,17 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     // full[s]: K tile in slot s landed, full[K_STAGES + s]: V tile; empty[...]: the consumers are
     // done with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full and
     // q_empty hand the Q tile over the same way, once per query tile.
-    uint64_t *full = (uint64_t *)(o_tile + L::O_ELEMS);
+    float *merge = (float *)(o_tile + L::O_ELEMS);  // [GROUPS-1][MERGE_VALUES][128], if L::SPLIT
+    uint64_t *full = (uint64_t *)(merge + L::MERGE_FLOATS);
     uint64_t *empty = full + L::SLOTS;
     uint64_t *q_full = empty + L::SLOTS, *q_empty = q_full + 1;
     uint64_t *k_full = full, *v_full = full + K_STAGES, *k_empty = empty, *v_empty = empty + K_STAGES;
-    const int group = threadIdx.x / 128;
+    // Read through a shuffle from lane 0, the compiler knows the warpgroup's index is the same in
+    // every thread of a warp, so a branch on it is not divergent. A shared-out tile branches on it
+    // inside the loops; from threadIdx.x alone, the compiled SPLIT build kept the ring's counters
+    // and the wgmma descriptors in per-thread registers instead of uniform ones, and ran about 7%
+    // slower at every length.
+    const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
 
     if (threadIdx.x == 0) mbarrier_init(q_empty, 4 * L::GROUPS);  // the ring's set-up syncs the block
     init_tma_ring(full, empty, L::SLOTS, 4 * L::GROUPS, q_full);
@@ -351,11 +385,18 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // (ids 4.., after the turns') orders its threads' writes of the staging tile around them.
         const bool o_storer = threadIdx.x % 128 == 0;
         const int o_barrier = 4 + consumer;
+        // A shared-out tile's merge (named barriers after the turns' and O's): the other
+        // warpgroups' parts are written; the first warpgroup has read them.
+        constexpr int kMergeWritten = 7, kMergeRead = 8;
 
         for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
             for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
                 const int q0 = schedule.q_block(unit, i, causal) * BLOCK_ROWS, head_index = schedule.head(unit);
                 const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
+                // Only the first warpgroup has rows below S: all of them work on its rows, each on
+                // the key tiles it owns (tile n is group (n + 1) % GROUPS's, so the first, which
+                // merges, walks the fewest), and the others only release the rest of the ring.
+                const bool split = L::SPLIT && S - q0 <= GROUP_ROWS;
                 const int first_query = q0 + warp_row0;
                 float o_acc[D / 2];  // [D/8 n8 blocks][4], the wgmma accumulator layout
 #pragma unroll
@@ -365,7 +406,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
                 mbarrier_wait<true>(q_full, tiles_done & 1);
 
-                if constexpr (kIntraOverlap && (GROUPS <= 2 || kOverlapThreeGroups)) {
+                if constexpr (L::OVERLAP) {
                     // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
                     // P_{n-1} V_{n-1}; wait for S_n only (the older group) and run its softmax
                     // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
@@ -407,30 +448,82 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     fence_operands<D / 2>(o_acc);
                     release_v(n_tiles - 1);
                 } else {
-                    // Each step waits for the one before: S, softmax, P V.
+                    // Each step waits for the one before: S, softmax, P V. A key tile this warpgroup
+                    // does not own (in a shared-out tile) is only waited for and released: its
+                    // slots are free once every warpgroup has arrived.
+                    const int q_group = split ? 0 : consumer;  // whose Q rows this warpgroup multiplies
+                    const int walk_query = first_query - (split ? consumer * GROUP_ROWS : 0);
                     for (int tile = 0; tile < n_tiles; tile++) {
+                        const bool mine = !split || (tile + 1) % GROUPS == consumer;
                         const __half *k_tile = k_of(tile);
                         turns.take();
-                        issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+                        if (mine) issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, q_group);
                         turns.pass();
-                        wgmma_wait<0>();
-                        fence_operands<KEY_TILE / 2>(s_acc);
+                        if (mine) {
+                            wgmma_wait<0>();
+                            fence_operands<KEY_TILE / 2>(s_acc);
+                        }
                         release_k(tile);
                         if (tile == n_tiles - 1) mbarrier_arrive_warp(q_empty);
-                        online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t,
-                                       scale_log2);
-                        rescale_rows<D>(o_acc, alpha);
-                        pack_a_frags<KEY_TILE>(p_frag, s_acc);
+                        if (mine) {
+                            online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, walk_query, g,
+                                           t, scale_log2);
+                            rescale_rows<D>(o_acc, alpha);
+                            pack_a_frags<KEY_TILE>(p_frag, s_acc);
+                        }
                         const __half *v_tile = v_of(tile);
                         turns.take();
-                        issue_pv<D>(o_acc, p_frag, v_tile);
+                        if (mine) issue_pv<D>(o_acc, p_frag, v_tile);
                         turns.pass();
-                        wgmma_wait<0>();
-                        fence_operands<D / 2>(o_acc);
+                        if (mine) {
+                            wgmma_wait<0>();
+                            fence_operands<D / 2>(o_acc);
+                        }
                         release_v(tile);
+                    }
+                    if (split) {
+                        // Merge the partial results into the first warpgroup's registers: thread i
+                        // of every warpgroup holds the same rows and columns. Each part is scaled
+                        // from its own row max to the largest (2^-inf = 0 for a part with no keys).
+                        const int lane128 = threadIdx.x % 128;
+                        if (consumer > 0) {
+                            float *mine_out = merge + (consumer - 1) * L::MERGE_VALUES * 128 + lane128;
+#pragma unroll
+                            for (int e = 0; e < D / 2; e++) mine_out[e * 128] = o_acc[e];
+#pragma unroll
+                            for (int r = 0; r < 2; r++) {
+                                mine_out[(D / 2 + r) * 128] = row_max[r];
+                                mine_out[(D / 2 + 2 + r) * 128] = row_sum[r];
+                            }
+                        }
+                        named_barrier_sync(kMergeWritten, 128 * GROUPS);
+                        if (consumer == 0) {
+#pragma unroll
+                            for (int part = 0; part < GROUPS - 1; part++) {
+                                const float *theirs = merge + part * L::MERGE_VALUES * 128 + lane128;
+                                float own_factor[2], their_factor[2];
+#pragma unroll
+                                for (int r = 0; r < 2; r++) {
+                                    const float their_max = theirs[(D / 2 + r) * 128];
+                                    const float new_max = fmaxf(row_max[r], their_max);
+                                    own_factor[r] = exp2_of(row_max[r] - new_max);
+                                    their_factor[r] = exp2_of(their_max - new_max);
+                                    row_max[r] = new_max;
+                                    row_sum[r] = row_sum[r] * own_factor[r] +
+                                                 theirs[(D / 2 + 2 + r) * 128] * their_factor[r];
+                                }
+#pragma unroll
+                                for (int e = 0; e < D / 2; e++)
+                                    o_acc[e] = o_acc[e] * own_factor[(e / 2) % 2] + theirs[e * 128] * their_factor[(e / 2) % 2];
+                            }
+                        }
+                        // The area is written again only once the first warpgroup has read it.
+                        named_barrier_sync(kMergeRead, 128 * GROUPS);
                     }
                 }
                 ring += n_tiles;
+                // In a shared-out tile the other warpgroups' rows are all past S: their epilogue
+                // below stores nothing.
 
                 // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
                 float inv[2];
@@ -481,21 +574,22 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 #endif
 }
 
-template <int D, int GROUPS>
+template <int D, int GROUPS, bool SPLIT = false>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
-    using L = FwdLayout<D, GROUPS>;
+    using L = FwdLayout<D, GROUPS, SPLIT>;
     const int heads_total = s->batch * s->heads;
     CUtensorMap q_map, k_map, v_map, o_map;  // O's box: one warpgroup's rows
     cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, L::BLOCK_ROWS);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&o_map, t->o, heads_total, s->seq, D, GROUP_ROWS);
-    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS>, L::bytes);
+    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS, SPLIT>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
-    const Schedule schedule = {n_qblocks, heads_total, kPersistent && s->causal && n_qblocks * heads_total > sms};
+    const Schedule schedule = {n_qblocks, heads_total, kPersistent && s->causal && n_qblocks * heads_total > sms,
+                               L::SPLIT};
     const int blocks = kPersistent ? min(schedule.units(), sms) : schedule.units();  // one block per SM fits
-    wgmma_forward<D, GROUPS><<<blocks, L::THREADS, L::bytes, stream>>>(
+    wgmma_forward<D, GROUPS, SPLIT><<<blocks, L::THREADS, L::bytes, stream>>>(
         q_map, k_map, v_map, o_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
         schedule);
     return cudaGetLastError();
@@ -504,6 +598,17 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
 // Whether the mask and length allow D = 64 blocks of CONSUMERS_D64 warpgroups (the launcher also
 // asks that their 192-row tiles give every SM one); shared_bytes follows the same rule.
 static bool wide_by_mask(const attn_shape *s) { return !s->causal || s->seq >= CAUSAL_THREE_GROUPS_FROM; }
+
+// Whether D = 64 blocks of three warpgroups run the build that shares a head's last tile out by its
+// key tiles (kSplitPartialTile): without a mask, where that tile has rows for the first warpgroup
+// only and is one of at most SPLIT_MAX_TILES tiles of its head. The build costs a few percent on
+// every other tile (its branches and merge change the compiled loop, and the rotated schedule
+// reads K and V in another order), so it pays only where the tile it saves is a large share.
+static bool shares_out_last_tile(const attn_shape *s) {
+    const int rows = FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS, n_qblocks = ceil_div(s->seq, rows);
+    return kSplitPartialTile && !s->causal && s->seq - (n_qblocks - 1) * rows <= GROUP_ROWS &&
+           n_qblocks <= SPLIT_MAX_TILES;
+}
 
 cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     int device = 0, sms = 0;
@@ -515,13 +620,15 @@ cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStre
         return s->dim == 128 ? launch_forward<128, 1>(s, t, sms, stream) : launch_forward<64, 1>(s, t, sms, stream);
     if (s->dim == 128) return launch_forward<128, 2>(s, t, sms, stream);
     const int wide_tiles = ceil_div(s->seq, FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS) * s->batch * s->heads;
-    if (wide_by_mask(s) && wide_tiles >= sms) return launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
+    if (wide_by_mask(s) && wide_tiles >= sms)
+        return shares_out_last_tile(s) ? launch_forward<64, CONSUMERS_D64, true>(s, t, sms, stream)
+                                       : launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
     return launch_forward<64, 2>(s, t, sms, stream);
 }
 
 // The most a block may ask for at this shape (which configuration runs depends on the GPU's SMs).
 static size_t shared_bytes(const attn_shape *s) {
-    const size_t wide = FwdLayout<64, CONSUMERS_D64>::bytes, narrow = FwdLayout<64, 2>::bytes;
+    const size_t wide = FwdLayout<64, CONSUMERS_D64, true>::bytes, narrow = FwdLayout<64, 2>::bytes;
     const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes : !wide_by_mask(s) ? narrow : wide > narrow ? wide : narrow;
     const size_t bwd = stage09_backward_shared_bytes(s);
     return fwd > bwd ? fwd : bwd;
