@@ -22,6 +22,9 @@
 //     continue through the same ring, so a tile's fill overlaps the previous tile's end;
 //   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
+//   a head's last tile shared out (kSplitPartialTile, three consumer warpgroups, short heads):
+//     where its rows fill one warpgroup, all three walk a third of its key tiles for those rows
+//     and merge their row max, row sum and O in shared memory.
 //   O through shared memory (kTmaStoreO, with one or two consumer warpgroups): a warpgroup
 //     writes O / l to a staging tile and one of its threads hands it to the copy engine (TMA
 //     stores, one per 64-column slab), so the warpgroup starts its next query tile at once
@@ -315,12 +318,13 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     uint64_t *empty = full + L::SLOTS;
     uint64_t *q_full = empty + L::SLOTS, *q_empty = q_full + 1;
     uint64_t *k_full = full, *v_full = full + K_STAGES, *k_empty = empty, *v_empty = empty + K_STAGES;
-    // Read through a shuffle from lane 0, the compiler knows the warpgroup's index is the same in
-    // every thread of a warp, so a branch on it is not divergent. A shared-out tile branches on it
-    // inside the loops; from threadIdx.x alone, the compiled SPLIT build kept the ring's counters
-    // and the wgmma descriptors in per-thread registers instead of uniform ones, and ran about 7%
-    // slower at every length.
-    const int group = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    // In the SPLIT build, read through a shuffle from lane 0: the compiler then knows the
+    // warpgroup's index is the same in every thread of a warp, so the shared-out tile's branches
+    // on it are not divergent (from threadIdx.x alone, that build kept the ring's counters and the
+    // wgmma descriptors in per-thread registers instead of uniform ones, and was slower at every
+    // length). The other builds branch on it only outside their loops and keep threadIdx.x / 128:
+    // with the shuffle, the two-warpgroup builds measured slower at D = 128.
+    const int group = SPLIT ? __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) : threadIdx.x / 128;
 
     if (threadIdx.x == 0) mbarrier_init(q_empty, 4 * L::GROUPS);  // the ring's set-up syncs the block
     init_tma_ring(full, empty, L::SLOTS, 4 * L::GROUPS, q_full);
