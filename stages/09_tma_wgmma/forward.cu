@@ -488,7 +488,10 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     if (split) {
                         // Merge the partial results into the first warpgroup's registers: thread i
                         // of every warpgroup holds the same rows and columns. Each part is scaled
-                        // from its own row max to the largest (2^-inf = 0 for a part with no keys).
+                        // from its own row max to the largest (2^-inf = 0 for a part with no keys:
+                        // with one or two key tiles the first or the third warpgroup has none, but
+                        // the second owns tile 0 and is merged first, so the max is finite from then
+                        // on and no -inf - -inf arises).
                         const int lane128 = threadIdx.x % 128;
                         if (consumer > 0) {
                             float *mine_out = merge + (consumer - 1) * L::MERGE_VALUES * 128 + lane128;
