@@ -97,8 +97,8 @@ constexpr bool kEarlyDqConversion = EARLY_DQ_CONVERSION && kAtomicDq && kBulkRed
 template <int D>
 constexpr bool kDqPerGroup = kAtomicDq && DQ_PER_GROUP && D == 64;
 
-// dK and dV of backward_dk_dv written through shared memory by TMA stores (1): once both
-// warpgroups are done with the owned K and V tiles, each writes its rows of dK and dV as fp16 into
+// dK and dV of backward_dk_dv written through shared memory by TMA stores (1): once no
+// warpgroup reads its rows of the owned K and V tiles any more, each writes its rows of dK and dV as fp16 into
 // their place and one of its threads hands them to the copy engine, which writes whole 128-byte
 // rows, so that the block leaves its SM soon after. Or each thread stores its accumulators to
 // global memory itself (0): 4-byte stores from registers, eight rows apart, which the SM must issue
@@ -524,8 +524,9 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
         if constexpr (kTmaStoreDkDv) {
             // The owned tiles become the staging tiles once no warpgroup reads them: where a
-            // group's dQ product reads the keys of both (atomic dQ at D = 128), once both are
-            // done; else each group's own rows once it is. Rows past S are not written.
+            // group's dQ product reads the keys of both (atomic dQ at D = 128, or at D = 64 too
+            // with DQ_PER_GROUP=0), once both are done; else each group's own rows once it is.
+            // Rows past S are not written.
             if (ATOMIC && !kPerGroup)
                 named_barrier_sync(1, 128 * BWD_GROUPS);
             else

@@ -44,7 +44,8 @@
 #include "stage09.h"
 #include "wgmma_ptx.cuh"
 
-// The switches, each flipped by one ablation build (ablations.txt).
+// The switches, each flipped by one ablation build (ablations.txt); SPLIT_PARTIAL_TILE acts only
+// at short lengths, and the lesson measures it with Nsight Compute at S = 1024 instead.
 // Consumer warpgroups take turns to issue their products (1), or issue when ready (0).
 #ifndef PINGPONG
 #define PINGPONG 0
@@ -489,9 +490,9 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                         // Merge the partial results into the first warpgroup's registers: thread i
                         // of every warpgroup holds the same rows and columns. Each part is scaled
                         // from its own row max to the largest (2^-inf = 0 for a part with no keys:
-                        // with one or two key tiles the first or the third warpgroup has none, but
-                        // the second owns tile 0 and is merged first, so the max is finite from then
-                        // on and no -inf - -inf arises).
+                        // with one key tile the first and the third warpgroup have none, with two
+                        // the first; but the second owns tile 0 and is merged first, so the max is
+                        // finite from then on and no -inf - -inf arises).
                         const int lane128 = threadIdx.x % 128;
                         if (consumer > 0) {
                             float *mine_out = merge + (consumer - 1) * L::MERGE_VALUES * 128 + lane128;
