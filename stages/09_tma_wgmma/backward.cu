@@ -390,6 +390,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         // dQ (queries x D) of a walked tile: this warpgroup's DQ_COLS columns from dq_col0 over
         // DQ_KEYS keys from dq_key0: B = those rows and columns of the owned K tile (N-major).
         constexpr bool kPerGroup = kDqPerGroup<D>;
+        // Where a group's dQ product reads the keys of both groups (atomic dQ without kPerGroup),
+        // both groups' dSᵀ must be stored before it runs, and both must be done with the owned K
+        // before its rows become dK/dV's staging tile.
+        constexpr bool kDqReadsBothGroups = ATOMIC && !kPerGroup;
         constexpr int DQ_COLS = kPerGroup ? D : D / 2, DQ_KEYS = kPerGroup ? 64 : BWD_OWN;
         const int dq_col0 = kPerGroup ? 0 : consumer * DQ_COLS, dq_key0 = kPerGroup ? group_row0 : 0;
         const __half *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_key0 * 64 + dq_col0 % 64;
@@ -462,10 +466,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 // this group's columns, issued first so that it is staged while dV and dK run.
                 // The other dSᵀ tile is written next, so this one is free again once the groups
                 // have passed the next tile's barrier.
-                if (kPerGroup)
-                    named_barrier_sync(2 + consumer, 128);
-                else
+                if (kDqReadsBothGroups)
                     named_barrier_sync(1, 128 * BWD_GROUPS);
+                else
+                    named_barrier_sync(2 + consumer, 128);
 #pragma unroll
                 for (int kk = 0; kk < DQ_KEYS / 16; kk++)
                     wgmma_m64k16_ss<DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile + dq_key0 * 64, kk),
@@ -527,7 +531,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             // group's dQ product reads the keys of both (atomic dQ at D = 128, or at D = 64 too
             // with DQ_PER_GROUP=0), once both are done; else each group's own rows once it is.
             // Rows past S are not written.
-            if (ATOMIC && !kPerGroup)
+            if (kDqReadsBothGroups)
                 named_barrier_sync(1, 128 * BWD_GROUPS);
             else
                 named_barrier_sync(2 + consumer, 128);

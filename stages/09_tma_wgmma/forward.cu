@@ -278,19 +278,21 @@ template <int GROUPS> struct Turns {
 // per head (132 SMs, 6 tiles at S = 1024), block b would otherwise get tile b % 6 of every head,
 // and the cheap ones would all fall to the same blocks.
 struct Schedule {
-    int n_qblocks, heads_total, paired, rotated;
+    int n_qblocks, heads_total, paired;
     __host__ __device__ int units_per_head() const { return paired ? (n_qblocks + 1) / 2 : n_qblocks; }
     __host__ __device__ int units() const { return heads_total * units_per_head(); }
     __device__ int tiles_of(int unit) const {
         if (!paired) return 1;
         return 2 * (unit % units_per_head()) + 1 == n_qblocks ? 1 : 2;  // an odd count's middle tile is alone
     }
-    // The query block of the unit's i-th tile (longest first within a head when causal).
+    // The query block of the unit's i-th tile (longest first within a head when causal; rotated by
+    // the head's round where ROTATED, the build that shares last tiles out).
+    template <bool ROTATED>
     __device__ int q_block(int unit, int i, int causal) const {
         const int j = unit % units_per_head();
         if (paired) return i == 0 ? n_qblocks - 1 - j : j;
         if (causal) return n_qblocks - 1 - j;
-        return rotated ? (j + head(unit) * n_qblocks / gridDim.x) % n_qblocks : j;
+        return ROTATED ? (j + head(unit) * n_qblocks / gridDim.x) % n_qblocks : j;
     }
     __device__ int head(int unit) const { return unit / units_per_head(); }
 };
@@ -340,7 +342,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
             for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
                 for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
-                    const int q0 = schedule.q_block(unit, i, causal) * BLOCK_ROWS, head_index = schedule.head(unit);
+                    const int q0 = schedule.q_block<L::SPLIT>(unit, i, causal) * BLOCK_ROWS;
+                    const int head_index = schedule.head(unit);
                     const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
                     // The previous query tile's last S = Q Kᵀ must be done before Q is overwritten.
                     if (tiles_done > 0) mbarrier_wait<true>(q_empty, (tiles_done - 1) & 1);
@@ -396,7 +399,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 
         for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
             for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
-                const int q0 = schedule.q_block(unit, i, causal) * BLOCK_ROWS, head_index = schedule.head(unit);
+                const int q0 = schedule.q_block<L::SPLIT>(unit, i, causal) * BLOCK_ROWS;
+                const int head_index = schedule.head(unit);
                 const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
                 // Only the first warpgroup has rows below S: all of them work on its rows, each on
                 // the key tiles it owns (tile n is group (n + 1) % GROUPS's, so the first, which
@@ -594,8 +598,7 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
     if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS, SPLIT>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
-    const Schedule schedule = {n_qblocks, heads_total, kPersistent && s->causal && n_qblocks * heads_total > sms,
-                               L::SPLIT};
+    const Schedule schedule = {n_qblocks, heads_total, kPersistent && s->causal && n_qblocks * heads_total > sms};
     const int blocks = kPersistent ? min(schedule.units(), sms) : schedule.units();  // one block per SM fits
     wgmma_forward<D, GROUPS, SPLIT><<<blocks, L::THREADS, L::bytes, stream>>>(
         q_map, k_map, v_map, o_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
@@ -614,8 +617,8 @@ static bool wide_by_mask(const attn_shape *s) { return !s->causal || s->seq >= C
 // reads K and V in another order), so it pays only where the tile it saves is a large share.
 static bool shares_out_last_tile(const attn_shape *s) {
     const int rows = FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS, n_qblocks = ceil_div(s->seq, rows);
-    return kSplitPartialTile && !s->causal && s->seq - (n_qblocks - 1) * rows <= GROUP_ROWS &&
-           n_qblocks <= SPLIT_MAX_TILES;
+    return FwdLayout<64, CONSUMERS_D64, true>::SPLIT && !s->causal &&
+           s->seq - (n_qblocks - 1) * rows <= GROUP_ROWS && n_qblocks <= SPLIT_MAX_TILES;
 }
 
 cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
