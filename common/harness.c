@@ -314,7 +314,8 @@ static timing time_pass(attn_pass pass, const options *opt, const attn_tensors *
 
 // One row per measurement; the header is written when the file is new or empty. The peer script
 // (plots/sdpa_peers.py) writes the same columns.
-#define CSV_HEADER "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit\n"
+#define CSV_HEADER \
+    "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us\n"
 
 static void append_csv(const char *path, const char *gpu, const attn_shape *s, const char *direction,
                        const timing *tm, double tflops, double gbps, double max_abs_err) {
@@ -326,9 +327,9 @@ static void append_csv(const char *path, const char *gpu, const attn_shape *s, c
     fseek(f, 0, SEEK_END);
     if (ftell(f) == 0) fputs(CSV_HEADER, f);
     const char *commit = getenv("FLASH_STAGES_COMMIT");
-    fprintf(f, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.1f,%.3e,%d,%s\n", gpu, program_name, s->batch,
+    fprintf(f, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.1f,%.3e,%d,%s,%.3f,%.3f\n", gpu, program_name, s->batch,
             s->heads, s->seq, s->dim, s->causal, direction, tm->median_us, tflops, gbps, max_abs_err, tm->runs,
-            commit && *commit ? commit : FLASH_STAGES_GIT_COMMIT);
+            commit && *commit ? commit : FLASH_STAGES_GIT_COMMIT, tm->min_us, tm->max_us);
     fclose(f);
 }
 

@@ -33,13 +33,20 @@ def harness_timing(path=HARNESS_C):
 HARNESS = harness_timing()
 
 
-def median_ms(fn, warmup=HARNESS["warmup"], iters=HARNESS["iters"], min_runs=HARNESS["min_runs"],
-              budget_ms=HARNESS["budget_ms"], before_each=None):
-    """Median time of fn() in milliseconds, by CUDA events, after `warmup` untimed calls; by
-    default with the harness's numbers (HARNESS).
+def median_ms(fn, **kwargs):
+    """Median time of fn() in milliseconds (timed_ms's); returns (median, runs)."""
+    median, _, _, runs = timed_ms(fn, **kwargs)
+    return median, runs
+
+
+def timed_ms(fn, warmup=HARNESS["warmup"], iters=HARNESS["iters"], min_runs=HARNESS["min_runs"],
+             budget_ms=HARNESS["budget_ms"], before_each=None):
+    """Times of fn() in milliseconds, by CUDA events, after `warmup` untimed calls; by default
+    with the harness's numbers (HARNESS).
 
     Times up to `iters` calls, stopping early once `budget_ms` are timed and `min_runs` ran;
-    `before_each` runs outside the timed region (the L2 flush). Returns (median, runs).
+    `before_each` runs outside the timed region (the L2 flush). Returns (median, fastest,
+    slowest, runs), as the harness reports them.
     """
     import torch
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -55,7 +62,7 @@ def median_ms(fn, warmup=HARNESS["warmup"], iters=HARNESS["iters"], min_runs=HAR
         stop.record()
         stop.synchronize()
         samples.append(start.elapsed_time(stop))
-    return statistics.median(samples), len(samples)
+    return statistics.median(samples), min(samples), max(samples), len(samples)
 
 
 if __name__ == "__main__":

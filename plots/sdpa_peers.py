@@ -14,9 +14,9 @@ import argparse
 import os
 import sys
 
-from cuda_timing import HARNESS, median_ms
+from cuda_timing import HARNESS, timed_ms
 
-COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit"
+COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us"
 # A fixed sanity bound on head (0, 0), not the harness's rule: that rule (docs/measuring.md) needs
 # the float64 reference's rounding analysis per element, which this check does not compute.
 ATOL = RTOL = 4e-3
@@ -144,17 +144,18 @@ def main():
                         print(f"{label} FAILED check: max abs err {max_err:.3e}")
                         failures += 1
                         continue
-                    ms, runs = median_ms(run, before_each=lambda i: flush_and_spin(flush, i))
-                    median_us = ms * 1e3
+                    ms, fastest_ms, slowest_ms, runs = timed_ms(run, before_each=lambda i: flush_and_spin(flush, i))
+                    median_us, min_us, max_us = ms * 1e3, fastest_ms * 1e3, slowest_ms * 1e3
                     del out
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0) * (2.5 if args.backward else 1.0)
                 tflops = flops / (median_us * 1e-6) * 1e-12
                 # Compulsory traffic: Q, K, V (and O, dO) read, O (or dQ, dK, dV) written.
                 gbps = (8 if args.backward else 4) * B * H * S * D * 2 / (median_us * 1e-6) * 1e-9
                 direction = "bwd" if args.backward else "fwd"
-                print(f"{label} {direction} median {median_us:.1f} us over {runs} runs: {tflops:.2f} TFLOP/s")
+                print(f"{label} {direction} median {median_us:.1f} us over {runs} runs "
+                      f"(min {min_us:.1f}, max {max_us:.1f}): {tflops:.2f} TFLOP/s")
                 csv.write(f"{gpu},{name},{B},{H},{S},{D},{causal},{direction},{median_us:.3f},{tflops:.3f},"
-                          f"{gbps:.1f},{max_err:.3e},{runs},{commit}\n")
+                          f"{gbps:.1f},{max_err:.3e},{runs},{commit},{min_us:.3f},{max_us:.3f}\n")
                 csv.flush()
             del q, k, v, d_o
     return 1 if failures else 0

@@ -96,7 +96,8 @@ def measured_evidence(stages):
                 except ValueError:
                     continue
                 values.add(cell)
-                scales = {"median_us": (1, 1e3, 1e6), "gbps": (1, 1e3)}.get(column, (1,))
+                us = (1, 1e3, 1e6)
+                scales = {"median_us": us, "min_us": us, "max_us": us, "gbps": (1, 1e3)}.get(column, (1,))
                 if column == "value":  # a profile metric: bytes, nanoseconds, counts
                     scales = (1, 1e3, 1e6, 1e9)
                 values |= rounded(x, scales)
