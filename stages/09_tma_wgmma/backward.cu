@@ -97,9 +97,9 @@ constexpr bool kEarlyDqConversion = EARLY_DQ_CONVERSION && kAtomicDq && kBulkRed
 template <int D>
 constexpr bool kDqPerGroup = kAtomicDq && DQ_PER_GROUP && D == 64;
 
-// dK and dV of backward_dk_dv written through shared memory by TMA stores (1): once no
-// warpgroup reads its rows of the owned K and V tiles any more, each writes its rows of dK and dV as fp16 into
-// their place and one of its threads hands them to the copy engine, which writes whole 128-byte
+// dK and dV of backward_dk_dv written through shared memory by TMA stores (1): once no warpgroup
+// reads its rows of the owned K and V tiles any more, each writes its rows of dK and dV as fp16
+// into their place and one of its threads hands them to the copy engine, which writes whole 128-byte
 // rows, so that the block leaves its SM soon after. Or each thread stores its accumulators to
 // global memory itself (0): 4-byte stores from registers, eight rows apart, which the SM must issue
 // before the block's last warps can exit.

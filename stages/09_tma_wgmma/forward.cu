@@ -44,8 +44,7 @@
 #include "stage09.h"
 #include "wgmma_ptx.cuh"
 
-// The switches, each flipped by one ablation build (ablations.txt); SPLIT_PARTIAL_TILE acts only
-// at short lengths, and the lesson measures it with Nsight Compute at S = 1024 instead.
+// The switches, each flipped by one ablation build (ablations.txt).
 // Consumer warpgroups take turns to issue their products (1), or issue when ready (0).
 #ifndef PINGPONG
 #define PINGPONG 0
