@@ -33,6 +33,9 @@ typedef struct {
     void *backward_scratch; // device, backward_scratch_bytes(shape) bytes (NULL when 0): the
                             // backward's own temporaries (delta, stage 08's float dQ), in any
                             // state on entry; nothing in it outlives the call.
+    void *forward_scratch;  // device, forward_scratch_bytes(shape) bytes (NULL when 0): the
+                            // forward's own temporaries (stage 09's tile counter), in any state
+                            // on entry; nothing in it outlives the call.
 } attn_tensors;
 
 typedef struct {
@@ -59,6 +62,10 @@ typedef struct {
     // the forward to the backward (in PyTorch, saved with the graph), holds only what the backward
     // reads, and the backward never writes it.
     size_t (*backward_scratch_bytes)(const attn_shape *shape);
+    // Device memory the forward pass needs for itself during the call (NULL or 0 for none): apart
+    // from the workspace for the same reason, and per call, so that forwards on two streams at
+    // once never share it.
+    size_t (*forward_scratch_bytes)(const attn_shape *shape);
 } attn_stage;
 
 // Defined by the stage being built into this executable.

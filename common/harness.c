@@ -392,9 +392,10 @@ int main(int argc, char **argv) {
     const size_t workspace = STAGE.workspace_bytes(shape);
     // The backward's own scratch, apart from the workspace the forward leaves it.
     const size_t scratch = opt.backward && STAGE.backward_scratch_bytes ? STAGE.backward_scratch_bytes(shape) : 0;
+    const size_t forward_scratch = STAGE.forward_scratch_bytes ? STAGE.forward_scratch_bytes(shape) : 0;
     size_t free_bytes, total_bytes;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const double need = (double)n_tensors * bytes + workspace + scratch + 2.0 * prop.l2CacheSize;
+    const double need = (double)n_tensors * bytes + workspace + scratch + forward_scratch + 2.0 * prop.l2CacheSize;
     if (need > 0.9 * free_bytes) {
         fprintf(stderr, "%s: skipped: needs %.1f GiB of device memory, %.1f GiB free\n", program_name,
                 need / 1073741824.0, free_bytes / 1073741824.0);
@@ -417,11 +418,14 @@ int main(int argc, char **argv) {
     dev.d_o = dev_ptr[T_DO], dev.dq = dev_ptr[T_DQ], dev.dk = dev_ptr[T_DK], dev.dv = dev_ptr[T_DV];
     if (workspace) CUDA_CHECK(cudaMalloc(&dev.workspace, workspace));
     if (scratch) CUDA_CHECK(cudaMalloc(&dev.backward_scratch, scratch));
+    if (forward_scratch) CUDA_CHECK(cudaMalloc(&dev.forward_scratch, forward_scratch));
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
 
-    // Check: poison O, run once, compare every element it should have written.
+    // Check: poison O, run once, compare every element it should have written. The forward's
+    // scratch is poisoned too: a forward must not count on finding it zero.
     CUDA_CHECK(cudaMemsetAsync(dev.o, 0xff, bytes, stream));  // every fp16 becomes HALF_POISON
+    if (forward_scratch) CUDA_CHECK(cudaMemsetAsync(dev.forward_scratch, 0xff, forward_scratch, stream));
     run_pass(STAGE.forward, shape, &dev, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaMemcpy(host[T_O], dev.o, bytes, cudaMemcpyDeviceToHost));
@@ -487,6 +491,7 @@ int main(int argc, char **argv) {
     }
     if (dev.workspace) CUDA_CHECK(cudaFree(dev.workspace));
     if (dev.backward_scratch) CUDA_CHECK(cudaFree(dev.backward_scratch));
+    if (dev.forward_scratch) CUDA_CHECK(cudaFree(dev.forward_scratch));
     CUDA_CHECK(cudaStreamDestroy(stream));
     return passed ? 0 : EXIT_CHECK_FAILED;
 }

@@ -100,8 +100,12 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     o = torch.empty_like(q)
     workspace = torch.empty(st.workspace_bytes(shape), dtype=torch.uint8, device=q.device)
+    # The forward's own temporaries (stage 09's tile counter): per call, so that forwards on two
+    # streams never share them. Once freed, the caching allocator hands its memory only to work
+    # queued after this call on the same stream.
+    scratch = torch.empty(st.forward_scratch_bytes(shape), dtype=torch.uint8, device=q.device)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(workspace))
+                               workspace=_pointer(workspace), forward_scratch=_pointer(scratch))
     st.forward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
     return o, workspace
 

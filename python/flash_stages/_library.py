@@ -17,7 +17,8 @@ class Tensors(ctypes.Structure):
     """``attn_tensors``, field for field: device pointers (NULL where unused)."""
 
     _fields_ = [(name, ctypes.c_void_p)
-                for name in ("q", "k", "v", "o", "workspace", "d_o", "dq", "dk", "dv", "backward_scratch")]
+                for name in ("q", "k", "v", "o", "workspace", "d_o", "dq", "dk", "dv", "backward_scratch",
+                             "forward_scratch")]
 
 
 _UNSUPPORTED = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.POINTER(Shape))
@@ -38,6 +39,7 @@ class _StageTable(ctypes.Structure):
         ("backward", _LAUNCH),
         ("needs_sm90a", ctypes.c_int),
         ("backward_scratch_bytes", _BYTES),
+        ("forward_scratch_bytes", _BYTES),
     ]
 
 
@@ -92,6 +94,12 @@ class Stage:
         if not self._table.backward_scratch_bytes:  # NULL in the forward-only stages
             return 0
         return int(self._table.backward_scratch_bytes(ctypes.byref(shape)))
+
+    def forward_scratch_bytes(self, shape):
+        """Bytes the forward needs for itself during the call (0 where the stage has none)."""
+        if not self._table.forward_scratch_bytes:  # NULL in the stages without
+            return 0
+        return int(self._table.forward_scratch_bytes(ctypes.byref(shape)))
 
     def why_not(self, shape, device_index):
         """None when this stage runs `shape` on the device, else the sentence the harness prints: the

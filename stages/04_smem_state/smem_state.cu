@@ -127,4 +127,5 @@ extern "C" const attn_stage STAGE = {
     NULL,  // forward only
     0,     // any GPU from sm_80
     NULL,  // no backward scratch
+    NULL,  // no forward scratch
 };

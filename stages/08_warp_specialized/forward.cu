@@ -293,4 +293,5 @@ extern "C" const attn_stage STAGE = {
     stage08_backward,
     0,  // any GPU from sm_80
     stage08_backward_scratch_bytes,
+    NULL,  // no forward scratch
 };

@@ -20,8 +20,12 @@
 //   persistent blocks (kPersistent): one block per SM walks many query tiles; the producer loads
 //     the next tile's Q as soon as the consumers' last S = Q Kᵀ of this one is done, and K/V
 //     continue through the same ring, so a tile's fill overlaps the previous tile's end;
+//   a dynamic schedule for causal tiles (kDynamicSchedule, D = 64 with two consumer warpgroups):
+//     blocks take query tiles, longest first, from a counter in the call's forward scratch;
 //   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
+//   a staggered start (kStagger, D = 128): the second consumer warpgroup issues a query
+//     tile's first S once the first has its own, so that their softmaxes do not start together;
 //   a head's last tile shared out (kSplitPartialTile, three consumer warpgroups, short heads):
 //     where its rows fill one warpgroup, all three walk a third of its key tiles for those rows
 //     and merge their row max, row sum and O in shared memory.
@@ -37,7 +41,8 @@
 // pass (backward.cu) are stage 08's.
 // Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); a
 // query tile's first S and softmax and its last P V still have nothing of the same warpgroup to
-// overlap with; the static schedule balances whole units of work, not the time they take.
+// overlap with; where the schedule is static (D = 128, and D = 64 without a mask or with three
+// consumer warpgroups), it balances whole units of work, not the time they take.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -116,6 +121,19 @@
 #ifndef SPLIT_MAX_TILES
 #define SPLIT_MAX_TILES 8
 #endif
+// Causal query tiles handed out by a counter (1): single tiles, longest first within sections
+// of heads whose K and V fit the L2 together (SECTION_BYTES), each block taking the next tile
+// as it finishes one, so the shortest tiles end the kernel wherever the time went. Or the static
+// schedule's pairs (0), which balance the key tiles a block walks but not the time they take. A
+// build of its own (the kernel's DYNAMIC parameter), run at D = 64 with a causal mask where
+// blocks have two consumer warpgroups (S < CAUSAL_THREE_GROUPS_FROM); at D = 128 the static
+// schedules measured as fast (causal) or faster (non-causal, whose units are all alike).
+#ifndef DYNAMIC_SCHEDULE
+#define DYNAMIC_SCHEDULE 1
+#endif
+#ifndef SECTION_BYTES
+#define SECTION_BYTES (16 << 20)
+#endif
 // Ring slots. With the overlap, two V slots are taken at once: tile n - 1's, read by the P V in
 // flight, and tile n's, loaded with K_n and read a step later; so two V slots would leave the
 // producer nothing to prefetch into.
@@ -130,6 +148,15 @@
 #ifndef V_STAGES_D128
 #define V_STAGES_D128 3
 #endif
+// At D = 128 (two consumer warpgroups, with the overlap), the second warpgroup issues a query
+// tile's first S only once the first has its own (1), so that their softmaxes start apart and
+// each runs under the other's products; or both start together (0), as they leave the same Q
+// barrier. Not at D = 64: there the two-warpgroup blocks run the dynamic schedule, and measured
+// slower with the stagger than without.
+#ifndef STAGGER
+#define STAGGER 1
+#endif
+constexpr bool kStagger = STAGGER;
 constexpr bool kPingPong = PINGPONG;
 constexpr bool kIntraOverlap = INTRA_OVERLAP;
 constexpr bool kOverlapThreeGroups = OVERLAP_THREE_GROUPS;
@@ -139,6 +166,7 @@ constexpr bool kSmallOneGroup = SMALL_ONE_GROUP;
 constexpr bool kTmaStoreO = TMA_STORE_O;
 constexpr bool kTmaStoreThreeGroups = TMA_STORE_THREE_GROUPS;
 constexpr bool kSplitPartialTile = SPLIT_PARTIAL_TILE;
+constexpr bool kDynamicSchedule = DYNAMIC_SCHEDULE;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
@@ -171,7 +199,7 @@ template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     // then the mbarriers (full and empty for each K and V slot, and Q's); 1024 spare bytes to align
     // the start to a swizzle atom.
     static constexpr size_t bytes = 1024 + sizeof(__half) * (Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
-                                    sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 2);
+                                    sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 3);
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
@@ -276,8 +304,14 @@ template <int GROUPS> struct Turns {
 // round (of gridDim.x units) that the head starts in: with as many SMs as a multiple of the tiles
 // per head (132 SMs, 6 tiles at S = 1024), block b would otherwise get tile b % 6 of every head,
 // and the cheap ones would all fall to the same blocks.
+// DYNAMIC (kDynamicSchedule): every tile is its own unit, in order of length within sections of
+// section_heads heads (the last query blocks of the section's heads, then the ones before), and
+// a block's next unit is not b + gridDim.x but the next one the counter hands out: blocks whose
+// tiles took longer take fewer, and the shortest tiles of each section come last.
 struct Schedule {
     int n_qblocks, heads_total, paired;
+    int section_heads;  // DYNAMIC: heads per section (the last section may have fewer)
+    int *unit_counter;  // DYNAMIC: units handed out after the blocks' first, zero at launch
     __host__ __device__ int units_per_head() const { return paired ? (n_qblocks + 1) / 2 : n_qblocks; }
     __host__ __device__ int units() const { return heads_total * units_per_head(); }
     __device__ int tiles_of(int unit) const {
@@ -286,17 +320,29 @@ struct Schedule {
     }
     // The query block of the unit's i-th tile (longest first within a head when causal; rotated by
     // the head's round where ROTATED, the build that shares last tiles out).
-    template <bool ROTATED>
+    template <bool ROTATED, bool DYNAMIC = false>
     __device__ int q_block(int unit, int i, int causal) const {
+        if (DYNAMIC) return n_qblocks - 1 - unit % (section_heads * n_qblocks) / heads_in_section(unit);
         const int j = unit % units_per_head();
         if (paired) return i == 0 ? n_qblocks - 1 - j : j;
         if (causal) return n_qblocks - 1 - j;
         return ROTATED ? (j + head(unit) * n_qblocks / gridDim.x) % n_qblocks : j;
     }
-    __device__ int head(int unit) const { return unit / units_per_head(); }
+    template <bool DYNAMIC = false>
+    __device__ int head(int unit) const {
+        if (DYNAMIC)
+            return unit / (section_heads * n_qblocks) * section_heads +
+                   unit % (section_heads * n_qblocks) % heads_in_section(unit);
+        return unit / units_per_head();
+    }
+    // DYNAMIC: a section's tiles run from its heads' last query tiles (the longest with a mask)
+    // to their first, head by head within a query block.
+    __device__ int heads_in_section(int unit) const {
+        return min(section_heads, heads_total - unit / (section_heads * n_qblocks) * section_heads);
+    }
 };
 
-template <int D, int GROUPS, bool SPLIT>
+template <int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __global__ void __launch_bounds__(FwdLayout<D, GROUPS, SPLIT>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, __half *o,
@@ -319,6 +365,9 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     uint64_t *full = (uint64_t *)(merge + L::MERGE_FLOATS);
     uint64_t *empty = full + L::SLOTS;
     uint64_t *q_full = empty + L::SLOTS, *q_empty = q_full + 1;
+    // DYNAMIC: the unit the producer loads next, written before its arrival on q_full (release)
+    // and read by the consumers once they have waited for it (acquire); schedule.units() when none.
+    int *unit_slot = (int *)(q_empty + 1);
     uint64_t *k_full = full, *v_full = full + K_STAGES, *k_empty = empty, *v_empty = empty + K_STAGES;
     // In the SPLIT build, read through a shuffle from lane 0: the compiler then knows the
     // warpgroup's index is the same in every thread of a warp, so the shared-out tile's branches
@@ -339,13 +388,18 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
             int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
-            for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
+            int fetched = 0;  // DYNAMIC: the unit after this one, asked for once the one before is nearly done
+            for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
                 for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
-                    const int q0 = schedule.q_block<L::SPLIT>(unit, i, causal) * BLOCK_ROWS;
-                    const int head_index = schedule.head(unit);
+                    const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
+                    const int head_index = schedule.head<DYNAMIC>(unit);
                     const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
                     // The previous query tile's last S = Q Kᵀ must be done before Q is overwritten.
                     if (tiles_done > 0) mbarrier_wait<true>(q_empty, (tiles_done - 1) & 1);
+                    // (DYNAMIC: one tile a unit.) Claimed here rather than as the unit starts, a
+                    // block holds one unit ahead, not two, so the tail balances better.
+                    if (DYNAMIC) fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
+                    if (DYNAMIC) *(volatile int *)unit_slot = unit;
                     mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
                     for (int c = 0; c < D / SLAB; c++)
                         tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
@@ -364,6 +418,12 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                                         head_index, &v_full[v_slot]);
                     }
                 }
+            }
+            if (DYNAMIC) {  // no unit left: a phase of q_full without Q, the slot saying so
+                if (tiles_done > 0) mbarrier_wait<true>(q_empty, (tiles_done - 1) & 1);
+                *(volatile int *)unit_slot = schedule.units();
+                mbarrier_arrive(q_full);
+            }
         }
     } else {
         setmaxnreg_inc<L::CONSUMER_REGS>();
@@ -396,10 +456,20 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // warpgroups' parts are written; the first warpgroup has read them.
         constexpr int kMergeWritten = 7, kMergeRead = 8;
 
-        for (int unit = blockIdx.x; unit < schedule.units(); unit += gridDim.x)
+        // DYNAMIC: the next unit is the one the producer wrote, read once its Q phase has come.
+        // Lane 0 reads it and hands it to its warp: the thread that reads the slot is the one
+        // whose arrival on q_empty later lets the producer write it again, and the shuffle lets
+        // the compiler know the unit is the same in every thread.
+        auto producers_unit = [&]() {
+            mbarrier_wait<true>(q_full, tiles_done & 1);
+            const int written = threadIdx.x % 32 == 0 ? *(volatile int *)unit_slot : 0;
+            return __shfl_sync(0xffffffffu, written, 0);
+        };
+        for (int unit = DYNAMIC ? producers_unit() : blockIdx.x; unit < schedule.units();
+             unit = DYNAMIC ? producers_unit() : unit + gridDim.x)
             for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
-                const int q0 = schedule.q_block<L::SPLIT>(unit, i, causal) * BLOCK_ROWS;
-                const int head_index = schedule.head(unit);
+                const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
+                const int head_index = schedule.head<DYNAMIC>(unit);
                 const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
                 // Only the first warpgroup has rows below S: all of them work on its rows, each on
                 // the key tiles it owns (tile n is group (n + 1) % GROUPS's, so the first, which
@@ -420,10 +490,16 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
                     // tile n's alpha and pack P_n. O is never touched while a product writes it.
                     const __half *k_tile = k_of(0);
+                    // kStagger: the second warpgroup's first S waits for the first's (named
+                    // barrier 9, after the merge's), so the two softmaxes start a product apart.
+                    constexpr bool stagger = kStagger && !kPingPong && GROUPS == 2 && D == 128;
+                    constexpr int kStaggerBarrier = 9;
+                    if (stagger && consumer == 1) named_barrier_sync(kStaggerBarrier, 256);
                     turns.take();
                     issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
                     turns.pass();
                     wgmma_wait<0>();
+                    if (stagger && consumer == 0) named_barrier_arrive(kStaggerBarrier, 256);
                     fence_operands<KEY_TILE / 2>(s_acc);
                     release_k(0);
                     if (n_tiles == 1) mbarrier_arrive_warp(q_empty);
@@ -581,11 +657,11 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
-        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups;
+        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kStagger;
 #endif
 }
 
-template <int D, int GROUPS, bool SPLIT = false>
+template <int D, int GROUPS, bool SPLIT = false, bool DYNAMIC = false>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     const int heads_total = s->batch * s->heads;
@@ -594,12 +670,20 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&o_map, t->o, heads_total, s->seq, D, GROUP_ROWS);
-    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS, SPLIT>, L::bytes);
+    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS, SPLIT, DYNAMIC>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
-    const Schedule schedule = {n_qblocks, heads_total, kPersistent && s->causal && n_qblocks * heads_total > sms};
+    const size_t head_bytes = 2 * sizeof(__half) * (size_t)s->seq * D;  // its K and V
+    const int section_heads = (int)max((size_t)1, (size_t)SECTION_BYTES / head_bytes);
+    Schedule schedule = {n_qblocks, heads_total, !DYNAMIC && kPersistent && s->causal && n_qblocks * heads_total > sms,
+                         section_heads, NULL};
     const int blocks = kPersistent ? min(schedule.units(), sms) : schedule.units();  // one block per SM fits
-    wgmma_forward<D, GROUPS, SPLIT><<<blocks, L::THREADS, L::bytes, stream>>>(
+    if (DYNAMIC) {  // the call's own counter (forward scratch, in any state on entry)
+        schedule.unit_counter = (int *)t->forward_scratch;
+        err = cudaMemsetAsync(schedule.unit_counter, 0, sizeof(int), stream);
+        if (err != cudaSuccess) return err;
+    }
+    wgmma_forward<D, GROUPS, SPLIT, DYNAMIC><<<blocks, L::THREADS, L::bytes, stream>>>(
         q_map, k_map, v_map, o_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
         schedule);
     return cudaGetLastError();
@@ -633,6 +717,7 @@ cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStre
     if (wide_by_mask(s) && wide_tiles >= sms)
         return shares_out_last_tile(s) ? launch_forward<64, CONSUMERS_D64, true>(s, t, sms, stream)
                                        : launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
+    if (kDynamicSchedule && s->causal) return launch_forward<64, 2, false, true>(s, t, sms, stream);
     return launch_forward<64, 2>(s, t, sms, stream);
 }
 
@@ -643,6 +728,9 @@ static size_t shared_bytes(const attn_shape *s) {
     const size_t bwd = stage09_backward_shared_bytes(s);
     return fwd > bwd ? fwd : bwd;
 }
+
+// The dynamic schedule's counter, one per call (attn.h): the launcher zeroes it before the kernel.
+static size_t forward_scratch_bytes(const attn_shape *) { return kDynamicSchedule ? sizeof(int) : 0; }
 
 extern "C" const attn_stage STAGE = {
     "09_tma_wgmma",
@@ -655,4 +743,5 @@ extern "C" const attn_stage STAGE = {
     stage09_backward,
     1,  // wgmma, setmaxnreg: sm_90a
     stage09_backward_scratch_bytes,
+    forward_scratch_bytes,
 };
