@@ -187,6 +187,31 @@ def test_runs_on_the_current_stream():
     assert torch.equal(o, expected)
 
 
+def test_forwards_on_two_streams_at_once():
+    # Stage 09's causal D = 64 forward takes its query tiles from a counter that each call owns
+    # (its forward scratch): forwards queued on two streams at once must not share one, or the
+    # second would find the counter used up and leave tiles unwritten.
+    if not runs_here("09_tma_wgmma"):
+        pytest.skip("09_tma_wgmma needs an H100/H200")
+    problems = [inputs((4, 16, 1024, 64), seed=10 + i)[:3] for i in range(16)]
+    with torch.no_grad():
+        expected = [flash_stages.attention(*p, causal=True, stage="09_tma_wgmma") for p in problems]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)  # every forward is queued before the first one runs
+    outputs = [None] * len(problems)
+    with torch.no_grad():
+        for i, problem in enumerate(problems):
+            with torch.cuda.stream(streams[i % 2]):
+                outputs[i] = flash_stages.attention(*problem, causal=True, stage="09_tma_wgmma")
+    torch.cuda.synchronize()
+    for got, want in zip(outputs, expected):
+        assert torch.equal(got, want)
+
+
 def good():
     return inputs((1, 2, 64, 64))[:3]
 
