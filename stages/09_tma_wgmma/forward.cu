@@ -20,8 +20,9 @@
 //   persistent blocks (kPersistent): one block per SM walks many query tiles; the producer loads
 //     the next tile's Q as soon as the consumers' last S = Q Kᵀ of this one is done, and K/V
 //     continue through the same ring, so a tile's fill overlaps the previous tile's end;
-//   a dynamic schedule for causal tiles (kDynamicSchedule, D = 64 with two consumer warpgroups):
-//     blocks take query tiles, longest first, from a counter in the call's forward scratch;
+//   a dynamic schedule for causal tiles (kDynamicSchedule, D = 64 with two consumer warpgroups;
+//     FlashAttention-3's tile scheduler, from its code rather than the paper): blocks take query
+//     tiles, longest first, from a counter in the call's forward scratch;
 //   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
 //   a staggered start (kStagger, D = 128): the second consumer warpgroup issues a query
@@ -41,8 +42,8 @@
 // pass (backward.cu) are stage 08's.
 // Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); a
 // query tile's first S and softmax and its last P V still have nothing of the same warpgroup to
-// overlap with; where the schedule is static (D = 128, and D = 64 without a mask or with three
-// consumer warpgroups), it balances whole units of work, not the time they take.
+// overlap with; where the schedule is static (D = 128, and D = 64 without a mask, with three
+// consumer warpgroups or with one), it balances whole units of work, not the time they take.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -126,8 +127,9 @@
 // as it finishes one, so the shortest tiles end the kernel wherever the time went. Or the static
 // schedule's pairs (0), which balance the key tiles a block walks but not the time they take. A
 // build of its own (the kernel's DYNAMIC parameter), run at D = 64 with a causal mask where
-// blocks have two consumer warpgroups (S < CAUSAL_THREE_GROUPS_FROM); at D = 128 the static
-// schedules measured as fast (causal) or faster (non-causal, whose units are all alike).
+// blocks have two consumer warpgroups (S < CAUSAL_THREE_GROUPS_FROM, or where 192-row tiles
+// would not give every SM one). At D = 128, in trials outside the ablation builds, the static
+// schedules were as fast with a mask and faster without one (whose units are all alike).
 #ifndef DYNAMIC_SCHEDULE
 #define DYNAMIC_SCHEDULE 1
 #endif
@@ -151,8 +153,9 @@
 // At D = 128 (two consumer warpgroups, with the overlap), the second warpgroup issues a query
 // tile's first S only once the first has its own (1), so that their softmaxes start apart and
 // each runs under the other's products; or both start together (0), as they leave the same Q
-// barrier. Not at D = 64: there the two-warpgroup blocks run the dynamic schedule, and measured
-// slower with the stagger than without.
+// barrier. Not at D = 64: there the causal two-warpgroup blocks run the dynamic schedule, and
+// in trials outside the ablation builds they were slower with the stagger than without. The
+// stagger is part of the overlap's loop, so the build without the overlap has none either.
 #ifndef STAGGER
 #define STAGGER 1
 #endif
@@ -196,8 +199,9 @@ template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     static constexpr int MERGE_FLOATS = SPLIT ? (GROUPS - 1) * MERGE_VALUES * 128 : 0;
     // Q [D/64][BLOCK_ROWS][64], the K ring [K_STAGES][D/64][KEY_TILE][64], the V ring likewise,
     // O's staging tile (Q's layout), the merge area [GROUPS-1][MERGE_VALUES][128 threads] (fp32),
-    // then the mbarriers (full and empty for each K and V slot, and Q's); 1024 spare bytes to align
-    // the start to a swizzle atom.
+    // then the mbarriers (full and empty for each K and V slot, and Q's) and one word for the unit
+    // the DYNAMIC producer hands the consumers; 1024 spare bytes to align the start to a swizzle
+    // atom.
     static constexpr size_t bytes = 1024 + sizeof(__half) * (Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
                                     sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 3);
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
@@ -291,15 +295,15 @@ template <int GROUPS> struct Turns {
     }
 };
 
-// Which query tiles a block computes. The work is cut into units; block b takes units b,
-// b + gridDim.x, ... (one unit per block when not persistent). A unit is one query tile, except
+// Which query tiles a block computes. The work is cut into units; in the static schedule block b
+// takes units b, b + gridDim.x, ... (one unit per block when not persistent). A unit is one query tile, except
 // in a persistent causal launch with more tiles than SMs: there the tile with the most keys of a
 // head is paired with the one with the fewest, the second-most with the second-fewest, and so on,
 // so that every unit (but a lone middle tile) walks n_qblocks + 1 key tiles and a static
 // round-robin is balanced. With fewer tiles than SMs, pairs would only put two tiles one after
 // the other on an SM while others idle, so every tile is its own unit, longest first.
-// Units run head by head, so the blocks at work at any moment read the K and V of few heads,
-// which stay in L2. Where a head's last tile is cheaper than the others (shared out by its key
+// Units run head by head (DYNAMIC: section by section), so the blocks at work at any moment
+// read the K and V of few heads, which stay in L2. Where a head's last tile is cheaper than the others (shared out by its key
 // tiles, kSplitPartialTile) and the tiles are not causal, each head's tiles are rotated by the
 // round (of gridDim.x units) that the head starts in: with as many SMs as a multiple of the tiles
 // per head (132 SMs, 6 tiles at S = 1024), block b would otherwise get tile b % 6 of every head,
@@ -396,8 +400,10 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
                     // The previous query tile's last S = Q Kᵀ must be done before Q is overwritten.
                     if (tiles_done > 0) mbarrier_wait<true>(q_empty, (tiles_done - 1) & 1);
-                    // (DYNAMIC: one tile a unit.) Claimed here rather than as the unit starts, a
-                    // block holds one unit ahead, not two, so the tail balances better.
+                    // DYNAMIC (one tile a unit): the next unit is claimed as this one's Q is
+                    // loaded, not earlier, so that a block holds at most the unit after the one in
+                    // hand and the tail balances better; the atomic's round trip hides behind the
+                    // tile's loads.
                     if (DYNAMIC) fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
                     if (DYNAMIC) *(volatile int *)unit_slot = unit;
                     mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
