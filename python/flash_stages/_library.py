@@ -91,15 +91,16 @@ class Stage:
 
     def backward_scratch_bytes(self, shape):
         """Bytes the backward needs for itself (0 where the stage has none)."""
-        if not self._table.backward_scratch_bytes:  # NULL in the forward-only stages
-            return 0
-        return int(self._table.backward_scratch_bytes(ctypes.byref(shape)))
+        return self._optional_bytes(self._table.backward_scratch_bytes, shape)
 
     def forward_scratch_bytes(self, shape):
         """Bytes the forward needs for itself during the call (0 where the stage has none)."""
-        if not self._table.forward_scratch_bytes:  # NULL in the stages without
-            return 0
-        return int(self._table.forward_scratch_bytes(ctypes.byref(shape)))
+        return self._optional_bytes(self._table.forward_scratch_bytes, shape)
+
+    @staticmethod
+    def _optional_bytes(size_function, shape):
+        # A size function the stage leaves NULL (a stage without that scratch) means 0 bytes.
+        return int(size_function(ctypes.byref(shape))) if size_function else 0
 
     def why_not(self, shape, device_index):
         """None when this stage runs `shape` on the device, else the sentence the harness prints: the

@@ -296,22 +296,22 @@ template <int GROUPS> struct Turns {
 };
 
 // Which query tiles a block computes. The work is cut into units; in the static schedule block b
-// takes units b, b + gridDim.x, ... (one unit per block when not persistent). A unit is one query tile, except
-// in a persistent causal launch with more tiles than SMs: there the tile with the most keys of a
-// head is paired with the one with the fewest, the second-most with the second-fewest, and so on,
-// so that every unit (but a lone middle tile) walks n_qblocks + 1 key tiles and a static
-// round-robin is balanced. With fewer tiles than SMs, pairs would only put two tiles one after
-// the other on an SM while others idle, so every tile is its own unit, longest first.
-// Units run head by head (DYNAMIC: section by section), so the blocks at work at any moment
-// read the K and V of few heads, which stay in L2. Where a head's last tile is cheaper than the others (shared out by its key
-// tiles, kSplitPartialTile) and the tiles are not causal, each head's tiles are rotated by the
+// takes units b, b + gridDim.x, ... (one unit per block when not persistent). A unit is one query
+// tile, except in a persistent causal launch with more tiles than SMs: there the tile with the most
+// keys of a head is paired with the one with the fewest, the second-most with the second-fewest,
+// and so on, so that every unit (but a lone middle tile) walks n_qblocks + 1 key tiles and a static
+// round-robin is balanced. With fewer tiles than SMs, pairs would only put two tiles one after the
+// other on an SM while others idle, so every tile is its own unit, longest first. Units run head by
+// head (DYNAMIC: section by section), so the blocks at work at any moment read the K and V of few
+// heads, which stay in L2. Where a head's last tile is cheaper than the others (shared out by its
+// key tiles, kSplitPartialTile) and the tiles are not causal, each head's tiles are rotated by the
 // round (of gridDim.x units) that the head starts in: with as many SMs as a multiple of the tiles
 // per head (132 SMs, 6 tiles at S = 1024), block b would otherwise get tile b % 6 of every head,
 // and the cheap ones would all fall to the same blocks.
 // DYNAMIC (kDynamicSchedule): every tile is its own unit, in order of length within sections of
-// section_heads heads (the last query blocks of the section's heads, then the ones before), and
-// a block's next unit is not b + gridDim.x but the next one the counter hands out: blocks whose
-// tiles took longer take fewer, and the shortest tiles of each section come last.
+// section_heads heads (the last query blocks of the section's heads, then the ones before), and a
+// block's next unit is not b + gridDim.x but the next one the counter hands out: blocks whose tiles
+// took longer take fewer, and the shortest tiles of each section come last.
 struct Schedule {
     int n_qblocks, heads_total, paired;
     int section_heads;  // DYNAMIC: heads per section (the last section may have fewer)
@@ -392,7 +392,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
             int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
-            int fetched = 0;  // DYNAMIC: the unit after this one, asked for once the one before is nearly done
+            int fetched = 0;  // DYNAMIC: the next unit, claimed as this one's Q is loaded (below)
             for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
                 for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
                     const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
