@@ -29,7 +29,8 @@
 //     tile's first S once the first has its own, so that their softmaxes do not start together;
 //   a head's last tile shared out (kSplitPartialTile, three consumer warpgroups, short heads):
 //     where its rows fill one warpgroup, all three walk a third of its key tiles for those rows
-//     and merge their row max, row sum and O in shared memory.
+//     and merge their row max, row sum and O in shared memory; in that build two Q slots
+//     (kTwoQSlots) let the producer load the next query tile's Q while the current one runs.
 //   O through shared memory (kTmaStoreO, with one or two consumer warpgroups): a warpgroup
 //     writes O / l to a staging tile and one of its threads hands it to the copy engine (TMA
 //     stores, one per 64-column slab), so the warpgroup starts its next query tile at once
@@ -122,6 +123,16 @@
 #ifndef SPLIT_MAX_TILES
 #define SPLIT_MAX_TILES 8
 #endif
+// Two Q slots in the build that shares a head's last tile out (1): the producer loads the next
+// query tile's Q, and its first K and V, as soon as the ring has room, while the consumers still
+// work on the current tile, whose key walk there is short (at most SPLIT_MAX_TILES tiles a head).
+// Or one slot (0), as everywhere else: the producer loads the next Q only once the current
+// tile's last S = Q Kᵀ is done. In trials outside the ablation builds, two slots in the other
+// D = 64 kernels were about 1% faster with a mask at S = 1024, about 1% slower at 2048 and 4096,
+// and no faster without one at 4096; at D = 128 the rings and O's staging tile leave no room.
+#ifndef TWO_Q_SLOTS
+#define TWO_Q_SLOTS 1
+#endif
 // Causal query tiles handed out by a counter (1): single tiles, longest first within sections
 // of heads whose K and V fit the L2 together (SECTION_BYTES), each block taking the next tile
 // as it finishes one, so the shortest tiles end the kernel wherever the time went. Or the static
@@ -170,6 +181,7 @@ constexpr bool kTmaStoreO = TMA_STORE_O;
 constexpr bool kTmaStoreThreeGroups = TMA_STORE_THREE_GROUPS;
 constexpr bool kSplitPartialTile = SPLIT_PARTIAL_TILE;
 constexpr bool kDynamicSchedule = DYNAMIC_SCHEDULE;
+constexpr bool kTwoQSlots = TWO_Q_SLOTS;
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
@@ -194,17 +206,23 @@ template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     static constexpr bool OVERLAP = kIntraOverlap && (GROUPS <= 2 || kOverlapThreeGroups);
     // Partial tiles shared out by key tiles (kSplitPartialTile): three groups, the loop without overlap.
     static constexpr bool SPLIT = SPLIT_ && kSplitPartialTile && GROUPS == 3 && !OVERLAP;
+    // Q slots (kTwoQSlots, where the second fits): query tile n's Q goes to slot n % Q_STAGES.
     // Per thread of each warpgroup but the first: its O accumulators, row max and row sum (2 each).
     static constexpr int MERGE_VALUES = D / 2 + 4;
     static constexpr int MERGE_FLOATS = SPLIT ? (GROUPS - 1) * MERGE_VALUES * 128 : 0;
-    // Q [D/64][BLOCK_ROWS][64], the K ring [K_STAGES][D/64][KEY_TILE][64], the V ring likewise,
-    // O's staging tile (Q's layout), the merge area [GROUPS-1][MERGE_VALUES][128 threads] (fp32),
-    // then the mbarriers (full and empty for each K and V slot, and Q's) and one word for the unit
-    // the DYNAMIC producer hands the consumers; 1024 spare bytes to align the start to a swizzle
-    // atom.
-    static constexpr size_t bytes = 1024 + sizeof(__half) * (Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
-                                    sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 3);
-    static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
+    // The Q slots [Q_STAGES][D/64][BLOCK_ROWS][64], the K ring [K_STAGES][D/64][KEY_TILE][64], the
+    // V ring likewise, O's staging tile (Q's layout), the merge area [GROUPS-1][MERGE_VALUES][128
+    // threads] (fp32), then the mbarriers (full and empty for each K, V and Q slot) and a word per
+    // Q slot for the unit the DYNAMIC producer hands the consumers; 1024 spare bytes to align the
+    // start to a swizzle atom.
+    static constexpr size_t bytes_with(int q_stages) {
+        return 1024 + sizeof(__half) * (q_stages * Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
+               sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 2 * q_stages) + sizeof(int) * q_stages;
+    }
+    static constexpr size_t MAX_BYTES = 232448;  // a Hopper block's opt-in limit
+    static constexpr int Q_STAGES = SPLIT && kTwoQSlots && bytes_with(2) <= MAX_BYTES ? 2 : 1;
+    static constexpr size_t bytes = bytes_with(Q_STAGES);
+    static_assert(bytes <= MAX_BYTES, "more shared memory than a Hopper block may have");
 };
 
 // The steps of a consumer warpgroup on one tile.
@@ -353,25 +371,27 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
               float *lse_log2, int S, float scale, int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
+    constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
     // Rounded up on the integer value: every access below goes through smem_address (PTX's shared
     // space), so the lost address space costs nothing here, unlike in the backward, which loads
     // and stores through these pointers in C++ (smem_align_1024).
-    __half *q_tile = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    __half *k_ring = q_tile + L::Q_ELEMS;
+    __half *q_ring = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    __half *k_ring = q_ring + Q_STAGES * L::Q_ELEMS;
     __half *v_ring = k_ring + K_STAGES * L::TILE_ELEMS;
     __half *o_tile = v_ring + V_STAGES * L::TILE_ELEMS;  // [D/64][BLOCK_ROWS][64], if L::TMA_STORE
     // full[s]: K tile in slot s landed, full[K_STAGES + s]: V tile; empty[...]: the consumers are
-    // done with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full and
-    // q_empty hand the Q tile over the same way, once per query tile.
+    // done with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full[s] and
+    // q_empty[s] hand Q slot s over the same way, once per query tile (query tile n in slot
+    // n % Q_STAGES).
     float *merge = (float *)(o_tile + L::O_ELEMS);  // [GROUPS-1][MERGE_VALUES][128], if L::SPLIT
     uint64_t *full = (uint64_t *)(merge + L::MERGE_FLOATS);
     uint64_t *empty = full + L::SLOTS;
-    uint64_t *q_full = empty + L::SLOTS, *q_empty = q_full + 1;
-    // DYNAMIC: the unit the producer loads next, written before its arrival on q_full (release)
-    // and read by the consumers once they have waited for it (acquire); schedule.units() when none.
-    int *unit_slot = (int *)(q_empty + 1);
+    uint64_t *q_full = empty + L::SLOTS, *q_empty = q_full + Q_STAGES;
+    // DYNAMIC: unit_slot[s], the unit whose Q the producer loads into slot s, written before its
+    // arrival on q_full[s] (release) and read by the consumers once they have waited for it
+    // (acquire); schedule.units() when none is left.
+    int *unit_slot = (int *)(q_empty + Q_STAGES);
     uint64_t *k_full = full, *v_full = full + K_STAGES, *k_empty = empty, *v_empty = empty + K_STAGES;
     // In the SPLIT build, read through a shuffle from lane 0: the compiler then knows the
     // warpgroup's index is the same in every thread of a warp, so the shared-out tile's branches
@@ -381,7 +401,11 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     // with the shuffle, the two-warpgroup builds measured slower at D = 128.
     const int group = SPLIT ? __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) : threadIdx.x / 128;
 
-    if (threadIdx.x == 0) mbarrier_init(q_empty, 4 * L::GROUPS);  // the ring's set-up syncs the block
+    if (threadIdx.x == 0)  // q_full[0] is the ring's, whose set-up syncs the block
+        for (int s = 0; s < Q_STAGES; s++) {
+            if (s > 0) mbarrier_init(&q_full[s], 1);
+            mbarrier_init(&q_empty[s], 4 * L::GROUPS);
+        }
     init_tma_ring(full, empty, L::SLOTS, 4 * L::GROUPS, q_full);
 
     // Both roles walk the same tiles in the same order; ring slots are numbered across them.
@@ -398,17 +422,20 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
                     const int head_index = schedule.head<DYNAMIC>(unit);
                     const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
-                    // The previous query tile's last S = Q Kᵀ must be done before Q is overwritten.
-                    if (tiles_done > 0) mbarrier_wait<true>(q_empty, (tiles_done - 1) & 1);
+                    // The last S = Q Kᵀ of the query tile that used this Q slot before must be done.
+                    const int q_slot = tiles_done % Q_STAGES;
+                    if (tiles_done >= Q_STAGES)
+                        mbarrier_wait<true>(&q_empty[q_slot], (tiles_done / Q_STAGES - 1) & 1);
                     // DYNAMIC (one tile a unit): the next unit is claimed as this one's Q is
                     // loaded, not earlier, so that a block holds at most the unit after the one in
                     // hand and the tail balances better; the atomic's round trip hides behind the
                     // tile's loads.
                     if (DYNAMIC) fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
-                    if (DYNAMIC) *(volatile int *)unit_slot = unit;
-                    mbarrier_arrive_expect_tx(q_full, sizeof(__half) * L::Q_ELEMS);
+                    if (DYNAMIC) *(volatile int *)&unit_slot[q_slot] = unit;
+                    mbarrier_arrive_expect_tx(&q_full[q_slot], sizeof(__half) * L::Q_ELEMS);
                     for (int c = 0; c < D / SLAB; c++)
-                        tma_load_3d(q_tile + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0, head_index, q_full);
+                        tma_load_3d(q_ring + q_slot * L::Q_ELEMS + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0,
+                                    head_index, &q_full[q_slot]);
                     for (int tile = 0; tile < n_tiles; tile++, ring++) {
                         const int row = tile * KEY_TILE;
                         const int k_slot = ring % K_STAGES, v_slot = ring % V_STAGES;
@@ -425,10 +452,11 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     }
                 }
             }
-            if (DYNAMIC) {  // no unit left: a phase of q_full without Q, the slot saying so
-                if (tiles_done > 0) mbarrier_wait<true>(q_empty, (tiles_done - 1) & 1);
-                *(volatile int *)unit_slot = schedule.units();
-                mbarrier_arrive(q_full);
+            if (DYNAMIC) {  // no unit left: a phase of the next q_full without Q, its word saying so
+                const int q_slot = tiles_done % Q_STAGES;
+                if (tiles_done >= Q_STAGES) mbarrier_wait<true>(&q_empty[q_slot], (tiles_done / Q_STAGES - 1) & 1);
+                *(volatile int *)&unit_slot[q_slot] = schedule.units();
+                mbarrier_arrive(&q_full[q_slot]);
             }
         }
     } else {
@@ -467,8 +495,9 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // whose arrival on q_empty later lets the producer write it again, and the shuffle lets
         // the compiler know the unit is the same in every thread.
         auto producers_unit = [&]() {
-            mbarrier_wait<true>(q_full, tiles_done & 1);
-            const int written = threadIdx.x % 32 == 0 ? *(volatile int *)unit_slot : 0;
+            const int q_slot = tiles_done % Q_STAGES;
+            mbarrier_wait<true>(&q_full[q_slot], (tiles_done / Q_STAGES) & 1);
+            const int written = threadIdx.x % 32 == 0 ? *(volatile int *)&unit_slot[q_slot] : 0;
             return __shfl_sync(0xffffffffu, written, 0);
         };
         for (int unit = DYNAMIC ? producers_unit() : blockIdx.x; unit < schedule.units();
@@ -488,7 +517,10 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
                 float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
                 uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
-                mbarrier_wait<true>(q_full, tiles_done & 1);
+                const int q_slot = tiles_done % Q_STAGES;
+                const __half *q_tile = q_ring + q_slot * L::Q_ELEMS;
+                uint64_t *q_released = &q_empty[q_slot];
+                mbarrier_wait<true>(&q_full[q_slot], (tiles_done / Q_STAGES) & 1);
 
                 if constexpr (L::OVERLAP) {
                     // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
@@ -508,7 +540,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     if (stagger && consumer == 0) named_barrier_arrive(kStaggerBarrier, 256);
                     fence_operands<KEY_TILE / 2>(s_acc);
                     release_k(0);
-                    if (n_tiles == 1) mbarrier_arrive_warp(q_empty);
+                    if (n_tiles == 1) mbarrier_arrive_warp(q_released);
                     online_softmax(s_acc, row_max, row_sum, alpha, 0, S, causal, first_query, g, t, scale_log2);
                     pack_a_frags<KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
                     for (int tile = 1; tile < n_tiles; tile++) {
@@ -521,7 +553,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                         wgmma_wait<1>();
                         fence_operands<KEY_TILE / 2>(s_acc);
                         release_k(tile);
-                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_empty);  // the query tile's last read of Q
+                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);  // the query tile's last read of Q
                         online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t,
                                        scale_log2);
                         wgmma_wait<0>();
@@ -554,7 +586,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                             fence_operands<KEY_TILE / 2>(s_acc);
                         }
                         release_k(tile);
-                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_empty);
+                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);
                         if (mine) {
                             online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, walk_query, g,
                                            t, scale_log2);
