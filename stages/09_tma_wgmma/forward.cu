@@ -299,17 +299,22 @@ __device__ __forceinline__ void rescale_rows(float (&o_acc)[D / 2], const float 
         for (int e = 0; e < 4; e++) o_acc[4 * j + e] *= alpha[e / 2];
 }
 
+// Named barriers (id 0 is __syncthreads): one per consumer warpgroup for ping-pong's turns and
+// one per consumer warpgroup for its O staging tile; the shared-out tile's merge; the staggered
+// start.
+enum NamedBarrier { kTurnBarrier0 = 1, kOBarrier0 = 4, kMergeWritten = 7, kMergeRead = 8, kStaggerBarrier = 9 };
+
 // Ping-pong: consumer warpgroup c may issue its products once it holds the turn (named barrier
-// 1 + c, which warpgroup c - 1 arrives on when it passes the turn on), so the groups issue in
+// kTurnBarrier0 + c, which warpgroup c - 1 arrives on when it passes the turn on), so the groups issue in
 // the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products. A lone
 // consumer warpgroup has no one to take turns with.
 template <int GROUPS> struct Turns {
     int consumer;
     __device__ void take() const {
-        if (kPingPong && GROUPS > 1) named_barrier_sync(1 + consumer, 256);
+        if (kPingPong && GROUPS > 1) named_barrier_sync(kTurnBarrier0 + consumer, 256);
     }
     __device__ void pass() const {
-        if (kPingPong && GROUPS > 1) named_barrier_arrive(1 + (consumer + 1) % GROUPS, 256);
+        if (kPingPong && GROUPS > 1) named_barrier_arrive(kTurnBarrier0 + (consumer + 1) % GROUPS, 256);
     }
 };
 
@@ -430,8 +435,10 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     // loaded, not earlier, so that a block holds at most the unit after the one in
                     // hand and the tail balances better; the atomic's round trip hides behind the
                     // tile's loads.
-                    if (DYNAMIC) fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
-                    if (DYNAMIC) *(volatile int *)&unit_slot[q_slot] = unit;
+                    if (DYNAMIC) {
+                        fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
+                        *(volatile int *)&unit_slot[q_slot] = unit;
+                    }
                     mbarrier_arrive_expect_tx(&q_full[q_slot], sizeof(__half) * L::Q_ELEMS);
                     for (int c = 0; c < D / SLAB; c++)
                         tma_load_3d(q_ring + q_slot * L::Q_ELEMS + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0,
@@ -483,12 +490,11 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         auto release_k = [&](int n) { mbarrier_arrive_warp(&k_empty[(ring + n) % K_STAGES]); };
         auto release_v = [&](int n) { mbarrier_arrive_warp(&v_empty[(ring + n) % V_STAGES]); };
         // One thread of each warpgroup issues its O stores; the warpgroup's own named barrier
-        // (ids 4.., after the turns') orders its threads' writes of the staging tile around them.
+        // orders its threads' writes of the staging tile around them.
         const bool o_storer = threadIdx.x % 128 == 0;
-        const int o_barrier = 4 + consumer;
-        // A shared-out tile's merge (named barriers after the turns' and O's): the other
-        // warpgroups' parts are written; the first warpgroup has read them.
-        constexpr int kMergeWritten = 7, kMergeRead = 8;
+        const int o_barrier = kOBarrier0 + consumer;
+        // A shared-out tile's merge: kMergeWritten once the other warpgroups' parts are written,
+        // kMergeRead once the first warpgroup has read them.
 
         // DYNAMIC: the next unit is the one the producer wrote, read once its Q phase has come.
         // Lane 0 reads it and hands it to its warp: the thread that reads the slot is the one
@@ -528,10 +534,9 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
                     // tile n's alpha and pack P_n. O is never touched while a product writes it.
                     const __half *k_tile = k_of(0);
-                    // kStagger: the second warpgroup's first S waits for the first's (named
-                    // barrier 9, after the merge's), so the two softmaxes start a product apart.
+                    // kStagger: the second warpgroup's first S waits for the first's
+                    // (kStaggerBarrier), so the two softmaxes start a product apart.
                     constexpr bool stagger = kStagger && !kPingPong && GROUPS == 2 && D == 128;
-                    constexpr int kStaggerBarrier = 9;
                     if (stagger && consumer == 1) named_barrier_sync(kStaggerBarrier, 256);
                     turns.take();
                     issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
