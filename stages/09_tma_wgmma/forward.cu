@@ -129,7 +129,8 @@
 // Or one slot (0), as everywhere else: the producer loads the next Q only once the current
 // tile's last S = Q Kᵀ is done. In trials outside the ablation builds, two slots in the other
 // D = 64 kernels were about 1% faster with a mask at S = 1024, about 1% slower at 2048 and 4096,
-// and no faster without one at 4096; at D = 128 the rings and O's staging tile leave no room.
+// and no faster without one at 4096 (not through the L1's share of the SM's memory: the one-slot
+// kernel padded to the same shared memory ran as before); at D = 128 there is no room.
 #ifndef TWO_Q_SLOTS
 #define TWO_Q_SLOTS 1
 #endif
