@@ -125,7 +125,8 @@
 #endif
 // Two Q slots in the build that shares a head's last tile out (1): the producer loads the next
 // query tile's Q, and its first K and V, as soon as the ring has room, while the consumers still
-// work on the current tile, whose key walk there is short (at most SPLIT_MAX_TILES tiles a head).
+// work on the current tile, whose key walk is short there (heads of at most SPLIT_MAX_TILES query
+// tiles, so at most 12 key tiles a query tile).
 // Or one slot (0), as everywhere else: the producer loads the next Q only once the current
 // tile's last S = Q Kᵀ is done. In trials outside the ablation builds, two slots in the other
 // D = 64 kernels were about 1% faster with a mask at S = 1024, about 1% slower at 2048 and 4096,
@@ -432,10 +433,10 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                     const int q_slot = tiles_done % Q_STAGES;
                     if (tiles_done >= Q_STAGES)
                         mbarrier_wait<true>(&q_empty[q_slot], (tiles_done / Q_STAGES - 1) & 1);
-                    // DYNAMIC (one tile a unit): the next unit is claimed as this one's Q is
-                    // loaded, not earlier, so that a block holds at most the unit after the one in
-                    // hand and the tail balances better; the atomic's round trip hides behind the
-                    // tile's loads.
+                    // DYNAMIC (one tile a unit, one Q slot): the next unit is claimed as this
+                    // one's Q is loaded, not earlier, so that a block holds at most the unit after
+                    // the one in hand and the tail balances better; the atomic's round trip hides
+                    // behind the tile's loads.
                     if (DYNAMIC) {
                         fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
                         *(volatile int *)&unit_slot[q_slot] = unit;
