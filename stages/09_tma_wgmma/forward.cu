@@ -424,15 +424,18 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
             int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
             int fetched = 0;  // DYNAMIC: the next unit, claimed as this one's Q is loaded (below)
+            // Query tile n's Q slot, once the last S = Q Kᵀ of the tile that used it before is done.
+            auto free_q_slot = [&](int n) {
+                const int slot = n % Q_STAGES;
+                if (n >= Q_STAGES) mbarrier_wait<true>(&q_empty[slot], (n / Q_STAGES - 1) & 1);
+                return slot;
+            };
             for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
                 for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
                     const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
                     const int head_index = schedule.head<DYNAMIC>(unit);
                     const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
-                    // The last S = Q Kᵀ of the query tile that used this Q slot before must be done.
-                    const int q_slot = tiles_done % Q_STAGES;
-                    if (tiles_done >= Q_STAGES)
-                        mbarrier_wait<true>(&q_empty[q_slot], (tiles_done / Q_STAGES - 1) & 1);
+                    const int q_slot = free_q_slot(tiles_done);
                     // DYNAMIC (one tile a unit, one Q slot): the next unit is claimed as this
                     // one's Q is loaded, not earlier, so that a block holds at most the unit after
                     // the one in hand and the tail balances better; the atomic's round trip hides
@@ -462,8 +465,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 }
             }
             if (DYNAMIC) {  // no unit left: a phase of the next q_full without Q, its word saying so
-                const int q_slot = tiles_done % Q_STAGES;
-                if (tiles_done >= Q_STAGES) mbarrier_wait<true>(&q_empty[q_slot], (tiles_done / Q_STAGES - 1) & 1);
+                const int q_slot = free_q_slot(tiles_done);
                 *(volatile int *)&unit_slot[q_slot] = schedule.units();
                 mbarrier_arrive(&q_full[q_slot]);
             }
@@ -498,13 +500,18 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // A shared-out tile's merge: kMergeWritten once the other warpgroups' parts are written,
         // kMergeRead once the first warpgroup has read them.
 
+        // Query tile n's Q slot, once its Q (or, DYNAMIC, the word saying no unit is left) is there.
+        auto landed_q_slot = [&](int n) {
+            const int slot = n % Q_STAGES;
+            mbarrier_wait<true>(&q_full[slot], (n / Q_STAGES) & 1);
+            return slot;
+        };
         // DYNAMIC: the next unit is the one the producer wrote, read once its Q phase has come.
         // Lane 0 reads it and hands it to its warp: the thread that reads the slot is the one
         // whose arrival on q_empty later lets the producer write it again, and the shuffle lets
         // the compiler know the unit is the same in every thread.
         auto producers_unit = [&]() {
-            const int q_slot = tiles_done % Q_STAGES;
-            mbarrier_wait<true>(&q_full[q_slot], (tiles_done / Q_STAGES) & 1);
+            const int q_slot = landed_q_slot(tiles_done);
             const int written = threadIdx.x % 32 == 0 ? *(volatile int *)&unit_slot[q_slot] : 0;
             return __shfl_sync(0xffffffffu, written, 0);
         };
@@ -525,10 +532,9 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
                 float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
                 uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
-                const int q_slot = tiles_done % Q_STAGES;
+                const int q_slot = landed_q_slot(tiles_done);
                 const __half *q_tile = q_ring + q_slot * L::Q_ELEMS;
                 uint64_t *q_released = &q_empty[q_slot];
-                mbarrier_wait<true>(&q_full[q_slot], (tiles_done / Q_STAGES) & 1);
 
                 if constexpr (L::OVERLAP) {
                     // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
