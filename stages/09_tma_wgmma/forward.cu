@@ -172,7 +172,16 @@
 #ifndef STAGGER
 #define STAGGER 1
 #endif
+// In the overlap's loop at D = 128, the softmax compiled as two paths, masked and unmasked (1),
+// so that its exponentials run while the tensor cores finish P V, as the schedule means them to:
+// compiled as one path (0), ptxas places them after the wait for P V (the lesson shows the
+// SASS), where nothing of the warpgroup's own runs beside them. Not at D = 64: there P V takes
+// half as long, and in trials outside the ablation builds the two paths were slower.
+#ifndef SOFTMAX_UNDER_PV
+#define SOFTMAX_UNDER_PV 1
+#endif
 constexpr bool kStagger = STAGGER;
+constexpr bool kSoftmaxUnderPv = SOFTMAX_UNDER_PV;
 constexpr bool kPingPong = PINGPONG;
 constexpr bool kIntraOverlap = INTRA_OVERLAP;
 constexpr bool kOverlapThreeGroups = OVERLAP_THREE_GROUPS;
@@ -254,13 +263,13 @@ __device__ __forceinline__ void issue_pv(float (&o_acc)[D / 2], const uint32_t (
     wgmma_commit();
 }
 
-// Mask tile k0 where needed, then the online softmax of this thread's rows g and g + 8 (stage
+// Mask tile k0 if `masked`, then the online softmax of this thread's rows g and g + 8 (stage
 // 07's): s_acc becomes P (fp32, unnormalized), row_max and row_sum advance, and alpha[r] is the
 // factor by which row r of O must be scaled before this tile's P V is added.
-__device__ __forceinline__ void online_softmax(float (&s_acc)[KEY_TILE / 2], float (&row_max)[2], float (&row_sum)[2],
-                                               float (&alpha)[2], int k0, int S, int causal, int first_query,
-                                               int g, int t, float scale_log2) {
-    if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > first_query)) {
+__device__ __forceinline__ void softmax_step(float (&s_acc)[KEY_TILE / 2], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&alpha)[2], bool masked, int k0, int S, int causal,
+                                             int first_query, int g, int t, float scale_log2) {
+    if (masked) {
 #pragma unroll
         for (int j = 0; j < KEY_TILE / 8; j++)
 #pragma unroll
@@ -291,6 +300,25 @@ __device__ __forceinline__ void online_softmax(float (&s_acc)[KEY_TILE / 2], flo
             }
         row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
     }
+}
+
+// The softmax of key tile k0, masked where the tile reaches past S or, causal, past the warp's
+// first row. TWO_PATHS (kSoftmaxUnderPv): as two compiled paths, masked and unmasked, on a
+// branch the compiler knows to be the same in every thread of the warp (lane 0's condition: the
+// warp's rows are the same in all its lanes). In one path with the mask under a branch of its
+// own, ptxas scheduled the exponentials after the wait for P V that follows in the overlap
+// loop, where nothing of this warpgroup's runs beside them; the two paths end before that wait.
+template <bool TWO_PATHS = false>
+__device__ __forceinline__ void online_softmax(float (&s_acc)[KEY_TILE / 2], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&alpha)[2], int k0, int S, int causal, int first_query,
+                                               int g, int t, float scale_log2) {
+    const bool masked = k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > first_query);
+    if (!TWO_PATHS)
+        softmax_step(s_acc, row_max, row_sum, alpha, masked, k0, S, causal, first_query, g, t, scale_log2);
+    else if (__shfl_sync(0xffffffffu, masked, 0))
+        softmax_step(s_acc, row_max, row_sum, alpha, true, k0, S, causal, first_query, g, t, scale_log2);
+    else
+        softmax_step(s_acc, row_max, row_sum, alpha, false, k0, S, causal, first_query, g, t, scale_log2);
 }
 
 template <int D>
@@ -567,8 +595,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                         fence_operands<KEY_TILE / 2>(s_acc);
                         release_k(tile);
                         if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);  // the query tile's last read of Q
-                        online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t,
-                                       scale_log2);
+                        online_softmax<kSoftmaxUnderPv && D == 128>(s_acc, row_max, row_sum, alpha, tile * KEY_TILE,
+                                                                   S, causal, first_query, g, t, scale_log2);
                         wgmma_wait<0>();
                         fence_operands<D / 2>(o_acc);
                         release_v(tile - 1);
@@ -708,7 +736,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
-        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kStagger;
+        (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kStagger,
+        (void)kSoftmaxUnderPv;
 #endif
 }
 
