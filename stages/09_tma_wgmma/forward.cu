@@ -27,6 +27,8 @@
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
 //   a staggered start (kStagger, D = 128): the second consumer warpgroup issues a query
 //     tile's first S once the first has its own, so that their softmaxes do not start together;
+//   the softmax under P V as compiled (kSoftmaxUnderPv, D = 128): the overlap's softmax as two
+//     paths, masked and unmasked, so that ptxas keeps its exponentials ahead of the wait for P V;
 //   a head's last tile shared out (kSplitPartialTile, three consumer warpgroups, short heads):
 //     where its rows fill one warpgroup, all three walk a third of its key tiles for those rows
 //     and merge their row max, row sum and O in shared memory; in that build two Q slots
