@@ -176,7 +176,7 @@
 #endif
 // In the overlap's loop at D = 128, the softmax compiled as two paths, masked and unmasked (1),
 // so that its exponentials run while the tensor cores finish P V, as the schedule means them to:
-// compiled as one path (0), ptxas places them after the wait for P V (the lesson shows the
+// compiled as one path (0), ptxas places them after the wait for P V (the lesson counts the
 // SASS), where nothing of the warpgroup's own runs beside them. Not at D = 64: there P V takes
 // half as long, and in trials outside the ablation builds the two paths were slower.
 #ifndef SOFTMAX_UNDER_PV
@@ -306,16 +306,18 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[KEY_TILE / 2], float
 
 // The softmax of key tile k0, masked where the tile reaches past S or, causal, past the warp's
 // first row. TWO_PATHS (kSoftmaxUnderPv): as two compiled paths, masked and unmasked, on a
-// branch the compiler knows to be the same in every thread of the warp (lane 0's condition: the
-// warp's rows are the same in all its lanes). In one path with the mask under a branch of its
-// own, ptxas scheduled the exponentials after the wait for P V that follows in the overlap
-// loop, where nothing of this warpgroup's runs beside them; the two paths end before that wait.
+// branch the compiler knows to be the same in every thread of the warp (lane 0's condition: it
+// depends only on the tile, S, the mask and the warp's first row, which all its lanes share).
+// This picks the path; softmax_step above does the work. In one path, with the mask under a
+// branch of its own, ptxas scheduled the exponentials after the wait for P V that follows in
+// the overlap loop, where nothing of this warpgroup's runs beside them; the two paths end
+// before that wait.
 template <bool TWO_PATHS = false>
 __device__ __forceinline__ void online_softmax(float (&s_acc)[KEY_TILE / 2], float (&row_max)[2], float (&row_sum)[2],
                                                float (&alpha)[2], int k0, int S, int causal, int first_query,
                                                int g, int t, float scale_log2) {
     const bool masked = k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > first_query);
-    if (!TWO_PATHS)
+    if constexpr (!TWO_PATHS)
         softmax_step(s_acc, row_max, row_sum, alpha, masked, k0, S, causal, first_query, g, t, scale_log2);
     else if (__shfl_sync(0xffffffffu, masked, 0))
         softmax_step(s_acc, row_max, row_sum, alpha, true, k0, S, causal, first_query, g, t, scale_log2);
