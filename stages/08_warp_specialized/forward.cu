@@ -14,8 +14,9 @@
 // workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's.
 // Limits: registers are given per kernel, not per role: the producer warp holds as many as a
 // consumer (sm_90a's setmaxnreg, stage 09, moves them), so an SM runs 7 consumer warps where
-// stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks pad the last block of a head and leave
-// SMs idle on small problems. The tensor cores are still fed from registers (ldmatrix +
+// stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks pad one block of a head (with the mask
+// the one with the shortest walk, without it one that walks every key tile) and leave SMs idle
+// on small problems. The tensor cores are still fed from registers (ldmatrix +
 // mma.sync), so the consumers, not the loads, set the pace.
 #include <math.h>
 
@@ -46,6 +47,12 @@
 #ifndef STAGES_D128
 #define STAGES_D128 2
 #endif
+// With the mask, query blocks counted back from the end of the sequence, so that the padded block
+// is the shortest (1), or from its start, the padded block the longest (0).
+#ifndef CAUSAL_FROM_END
+#define CAUSAL_FROM_END 1
+#endif
+constexpr bool kCausalFromEnd = CAUSAL_FROM_END;
 #define ROW_TILES 2         // 16-row mma tiles per consumer warp, as in stage 07
 #define WARP_ROWS (16 * ROW_TILES)
 
@@ -78,9 +85,19 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
-    const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
-    const int q0 = q_block * BLOCK_ROWS;
-    const int kv_end = causal ? min(S, q0 + BLOCK_ROWS) : S;
+    // The block's rows are [q0, rows_end); the rows of its tile from rows_end on are padding.
+    // Without a mask, block x owns rows [224 x, 224 x + 224), every block walks all S keys, and the
+    // last block of a head is the padded one. With the mask, a block walks the keys up to its
+    // last row, and block 0 owns the last rows of the sequence (the longest walk, launched first);
+    // counted back from the end (kCausalFromEnd), the padded block is the one that starts at row
+    // 0 and walks the fewest key tiles, not the one that ends at row S and walks them all.
+    const int q0 = !causal          ? blockIdx.x * BLOCK_ROWS
+                   : kCausalFromEnd ? max(0, S - (int)(blockIdx.x + 1) * BLOCK_ROWS)
+                                    : (gridDim.x - 1 - blockIdx.x) * BLOCK_ROWS;
+    const int rows_end = !causal          ? S
+                         : kCausalFromEnd ? S - (int)blockIdx.x * BLOCK_ROWS
+                                          : min(S, q0 + BLOCK_ROWS);
+    const int kv_end = rows_end;  // the keys a block walks: all S, or (with the mask) up to its last row
     const int n_tiles = ceil_div(kv_end, KEY_TILE);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -99,7 +116,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
         // of empty[slot], whose parity is (n - 1) & 1.
         for (int i = lane; i < BLOCK_ROWS * (D / 8); i += 32) {
             const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-            const bool valid = q0 + r < S;
+            const bool valid = q0 + r < rows_end;
             cp_async_16(q_tile + swizzle<D>(r, c), q + head + (size_t)(valid ? q0 + r : 0) * D + c, valid);
         }
         cp_async_mbarrier_arrive(q_full);
@@ -124,9 +141,9 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     const int g = lane / 4, t = lane % 4;
     const int warp_row0 = warp * WARP_ROWS;
     const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
-    // In the last block of a head, warps whose rows all lie past S only hand the slots back:
-    // S is rarely a multiple of 224, and their math would keep the SM busy for nothing.
-    const bool warp_has_rows = q0 + warp_row0 < S;
+    // In the padded block of a head, warps whose rows all lie past q_end only hand the slots
+    // back: S is rarely a multiple of 224, and their math would keep the SM busy for nothing.
+    const bool warp_has_rows = q0 + warp_row0 < rows_end;
     const float scale_log2 = scale * 1.4426950408889634f;
 
     float o_acc[ROW_TILES][D / 8][4];
@@ -250,7 +267,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const float inv = 1.0f / l;
             const int query = q0 + warp_row0 + 16 * m + g + 8 * r;
-            if (query < S) {
+            if (query < rows_end) {
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
                     *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
