@@ -86,11 +86,12 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
     // The block's rows are [q0, rows_end); the rows of its tile from rows_end on are padding.
-    // Without a mask, block x owns rows [224 x, 224 x + 224), every block walks all S keys, and the
-    // last block of a head is the padded one. With the mask, a block walks the keys up to its
-    // last row, and block 0 owns the last rows of the sequence (the longest walk, launched first);
-    // counted back from the end (kCausalFromEnd), the padded block is the one that starts at row
-    // 0 and walks the fewest key tiles, not the one that ends at row S and walks them all.
+    // Without a mask, block x owns rows [BLOCK_ROWS x, BLOCK_ROWS (x + 1)), every block walks all
+    // S keys, and the last block of a head is the padded one. With the mask, a block walks the
+    // keys up to its last row, and block 0 owns the last rows of the sequence (the longest walk,
+    // launched first); counted back from the end (kCausalFromEnd), the padded block is the one
+    // that starts at row 0 and walks the fewest key tiles, not the one that ends at row S and
+    // walks them all.
     const int q0 = !causal          ? blockIdx.x * BLOCK_ROWS
                    : kCausalFromEnd ? max(0, S - (int)(blockIdx.x + 1) * BLOCK_ROWS)
                                     : (gridDim.x - 1 - blockIdx.x) * BLOCK_ROWS;
@@ -141,7 +142,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     const int g = lane / 4, t = lane % 4;
     const int warp_row0 = warp * WARP_ROWS;
     const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
-    // In the padded block of a head, warps whose rows all lie past q_end only hand the slots
+    // In the padded block of a head, warps whose rows all lie past rows_end only hand the slots
     // back: S is rarely a multiple of 224, and their math would keep the SM busy for nothing.
     const bool warp_has_rows = q0 + warp_row0 < rows_end;
     const float scale_log2 = scale * 1.4426950408889634f;
