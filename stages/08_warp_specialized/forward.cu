@@ -98,8 +98,8 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     const int rows_end = !causal          ? S
                          : kCausalFromEnd ? S - (int)blockIdx.x * BLOCK_ROWS
                                           : min(S, q0 + BLOCK_ROWS);
-    const int kv_end = rows_end;  // the keys a block walks: all S, or (with the mask) up to its last row
-    const int n_tiles = ceil_div(kv_end, KEY_TILE);
+    // A block's keys end where its rows do: at S, or (with the mask) at its last row.
+    const int n_tiles = ceil_div(rows_end, KEY_TILE);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
