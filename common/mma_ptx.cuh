@@ -131,6 +131,16 @@ __device__ inline void cp_async_tile(__half *tile, const __half *head, int row0,
     }
 }
 
+// Named barriers (bar.sync / bar.arrive with an id, 1..15; id 0 is __syncthreads): `threads`
+// counts every thread that takes part, those that wait (sync) and those that only signal
+// (arrive). Used to order groups of warps against each other without stopping the whole block.
+__device__ inline void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // 2^x from the special-function unit alone (ex2.approx.ftz: relative error about 2^-22, results
 // below 2^-126 flushed to zero). exp2f adds a range test and two multiplies to every call to keep
 // those tiny results, which an fp16 P or dS cannot hold anyway.

@@ -90,16 +90,6 @@ __device__ inline void init_tma_ring(uint64_t *full, uint64_t *empty, int stages
     __syncthreads();
 }
 
-// Named barriers (bar.sync / bar.arrive with an id, 1..15; id 0 is __syncthreads): `threads`
-// counts every thread that takes part, those that wait (sync) and those that only signal
-// (arrive). Used to order warpgroups against each other without stopping the whole block.
-__device__ inline void named_barrier_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ inline void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Orders this thread's earlier generic-proxy writes to shared memory (st.shared) before later
 // async-proxy reads of it (wgmma, TMA): a tile written by the threads themselves needs it, then a
 // barrier, before a wgmma reads the tile.

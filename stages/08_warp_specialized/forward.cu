@@ -15,9 +15,9 @@
 // Limits: registers are given per kernel, not per role: the producer warp holds as many as a
 // consumer (sm_90a's setmaxnreg, stage 09, moves them), so an SM runs 7 consumer warps where
 // stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks pad one block of a head (with the mask
-// the one with the shortest walk, without it one that walks every key tile) and leave SMs idle
-// on small problems. The tensor cores are still fed from registers (ldmatrix +
-// mma.sync), so the consumers, not the loads, set the pace.
+// the one with the shortest walk; without it one that walks every key tile, which its warps
+// share out by key tiles and merge) and leave SMs idle on small problems. The tensor cores are
+// still fed from registers (ldmatrix + mma.sync), so the consumers, not the loads, set the pace.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -53,6 +53,14 @@
 #define CAUSAL_FROM_END 1
 #endif
 constexpr bool kCausalFromEnd = CAUSAL_FROM_END;
+// Without the mask, the padded block of a head shares its key tiles out (1): where only some of
+// the consumer warps have rows, the others take the same rows and a share of the key tiles, and
+// the partial results (row max, row sum, O) are merged through shared memory at the end. Or the
+// warps with rows walk every key tile alone while the rest only hand the slots back (0).
+#ifndef SPLIT_PADDED_BLOCK
+#define SPLIT_PADDED_BLOCK 1
+#endif
+constexpr bool kSplitPaddedBlock = SPLIT_PADDED_BLOCK;
 #define ROW_TILES 2         // 16-row mma tiles per consumer warp, as in stage 07
 #define WARP_ROWS (16 * ROW_TILES)
 
@@ -66,6 +74,10 @@ template <int D> struct Config {
     static constexpr size_t bytes = 128 + sizeof(__half) * (BLOCK_ROWS * D + 2 * STAGES * TILE);
     static_assert(sizeof(uint64_t) * (2 * STAGES + 1) <= 128, "mbarriers overflow their 128 bytes");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
+    // A split padded block's merge: each warp's partial result (fp32, lane-major) goes where Q and
+    // the ring were, which are free once every consumer has left the loop; as many as fit.
+    static constexpr int PART_FLOATS = 32 * (ROW_TILES * D / 2 + 4 * ROW_TILES);
+    static constexpr int MAX_PARTS = (int)((bytes - 128) / (sizeof(float) * PART_FLOATS));
 };
 
 template <int D>
@@ -140,11 +152,18 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
 
     // Consumers: stage 07's math, with waits on mbarriers instead of __syncthreads().
     const int g = lane / 4, t = lane % 4;
-    const int warp_row0 = warp * WARP_ROWS;
+    // In the padded block of a head only `working` warps have rows: S is rarely a multiple of 224.
+    // Without the mask (kSplitPaddedBlock) the block splits its key tiles `splits` ways: warp w
+    // takes the rows of warp w % working and every splits-th key tile from tile w / working (its
+    // share), and share 0 merges the others' results. Warps left over, and all warps without rows
+    // when not split, only hand the slots back: their math would keep the SM busy for nothing.
+    const int working = min(CONSUMERS, ceil_div(rows_end - q0, WARP_ROWS));
+    const bool split = kSplitPaddedBlock && !causal && working < CONSUMERS;
+    const int splits = split ? min(CONSUMERS / working, 1 + L::MAX_PARTS / working) : 1;
+    const int share = split ? warp / working : 0;
+    const int warp_row0 = (split ? warp % working : warp) * WARP_ROWS;
     const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
-    // In the padded block of a head, warps whose rows all lie past rows_end only hand the slots
-    // back: S is rarely a multiple of 224, and their math would keep the SM busy for nothing.
-    const bool warp_has_rows = q0 + warp_row0 < rows_end;
+    const bool warp_has_rows = q0 + warp_row0 < rows_end && share < splits;
     const float scale_log2 = scale * 1.4426950408889634f;
 
     float o_acc[ROW_TILES][D / 8][4];
@@ -158,14 +177,16 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     }
     mbarrier_wait(q_full, 0);
 
-    for (int tile = 0; tile < n_tiles; tile++) {
+    for (int tile = 0, my_next = share; tile < n_tiles; tile++) {
         const int slot = tile % STAGES;
         mbarrier_wait(&full[slot], (tile / STAGES) & 1);  // the n-th fill of the slot: phase n
         const __half *k_tile = k_ring + slot * L::TILE;
         const __half *v_tile = v_ring + slot * L::TILE;
         const int k0 = tile * KEY_TILE;
 
-        if (warp_has_rows && (!causal || k0 <= warp_last_query)) {
+        const bool mine = tile == my_next;  // this warp's share of the key tiles (all when not split)
+        if (mine) my_next += splits;
+        if (warp_has_rows && mine && (!causal || k0 <= warp_last_query)) {
             // S = Q Kᵀ, as stage 07.
             float s_acc[ROW_TILES][KEY_TILE / 8][4];
 #pragma unroll
@@ -258,6 +279,52 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
         mbarrier_arrive(&empty[slot]);
     }
 
+    if (split) {
+        // Merge the shares into share 0's registers: lane i of every warp of a row group holds the
+        // same rows and columns. The first barrier frees Q and the ring for the partial results.
+        float *parts = (float *)(smem + 128);  // [(share - 1) * working + row group][PART_FLOATS]
+        named_barrier_sync(1, 32 * CONSUMERS);
+        if (warp_has_rows && share > 0) {
+            float *mine_out = parts + ((share - 1) * working + warp % working) * L::PART_FLOATS + lane;
+            int e = 0;
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++) {
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) mine_out[32 * e++] = o_acc[m][j][i];
+#pragma unroll
+                for (int r = 0; r < 2; r++) mine_out[32 * e++] = row_max[m][r], mine_out[32 * e++] = row_sum[m][r];
+            }
+        }
+        named_barrier_sync(1, 32 * CONSUMERS);
+        if (warp_has_rows && share == 0)
+            for (int from = 1; from < splits; from++) {
+                // Tile 0 is share 0's, so its row max is finite; a share without tiles (-inf, 0, 0)
+                // adds nothing.
+                const float *theirs = parts + ((from - 1) * working + warp % working) * L::PART_FLOATS + lane;
+#pragma unroll
+                for (int m = 0; m < ROW_TILES; m++) {
+                    const int e0 = m * (D / 2 + 4);  // row tile m's O, then its row maxima and sums
+                    float own_factor[2], their_factor[2];
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const float their_max = theirs[32 * (e0 + D / 2 + 2 * r)];
+                        const float new_max = fmaxf(row_max[m][r], their_max);
+                        own_factor[r] = exp2f(row_max[m][r] - new_max);
+                        their_factor[r] = exp2f(their_max - new_max);
+                        row_max[m][r] = new_max;
+                        row_sum[m][r] = row_sum[m][r] * own_factor[r] + theirs[32 * (e0 + D / 2 + 2 * r + 1)] * their_factor[r];
+                    }
+#pragma unroll
+                    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            o_acc[m][j][i] = o_acc[m][j][i] * own_factor[i / 2] + theirs[32 * (e0 + 4 * j + i)] * their_factor[i / 2];
+                }
+            }
+    }
+
     // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
 #pragma unroll
     for (int m = 0; m < ROW_TILES; m++)
@@ -268,7 +335,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const float inv = 1.0f / l;
             const int query = q0 + warp_row0 + 16 * m + g + 8 * r;
-            if (query < rows_end) {
+            if (query < rows_end && share == 0) {
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
                     *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
