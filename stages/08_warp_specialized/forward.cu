@@ -282,19 +282,25 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     if (split) {
         // Merge the shares into share 0's registers: lane i of every warp of a row group holds the
         // same rows and columns. The first barrier frees Q and the ring for the partial results.
+        // Part of share s (s >= 1): value e of a lane at [32 e + lane]; row tile m's values start at
+        // e = m (D / 2 + 4): its O (index 4 j + i), then row max and row sum of its rows r = 0, 1.
         float *parts = (float *)(smem + 128);  // [(share - 1) * working + row group][PART_FLOATS]
+        auto part_of = [&](int s) { return parts + ((s - 1) * working + warp % working) * L::PART_FLOATS + lane; };
         named_barrier_sync(1, 32 * CONSUMERS);
         if (warp_has_rows && share > 0) {
-            float *mine_out = parts + ((share - 1) * working + warp % working) * L::PART_FLOATS + lane;
-            int e = 0;
+            float *mine_out = part_of(share);
 #pragma unroll
             for (int m = 0; m < ROW_TILES; m++) {
+                const int e0 = m * (D / 2 + 4);
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) mine_out[32 * e++] = o_acc[m][j][i];
+                    for (int i = 0; i < 4; i++) mine_out[32 * (e0 + 4 * j + i)] = o_acc[m][j][i];
 #pragma unroll
-                for (int r = 0; r < 2; r++) mine_out[32 * e++] = row_max[m][r], mine_out[32 * e++] = row_sum[m][r];
+                for (int r = 0; r < 2; r++) {
+                    mine_out[32 * (e0 + D / 2 + 2 * r)] = row_max[m][r];
+                    mine_out[32 * (e0 + D / 2 + 2 * r + 1)] = row_sum[m][r];
+                }
             }
         }
         named_barrier_sync(1, 32 * CONSUMERS);
@@ -302,10 +308,10 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
             for (int from = 1; from < splits; from++) {
                 // Tile 0 is share 0's, so its row max is finite; a share without tiles (-inf, 0, 0)
                 // adds nothing.
-                const float *theirs = parts + ((from - 1) * working + warp % working) * L::PART_FLOATS + lane;
+                const float *theirs = part_of(from);
 #pragma unroll
                 for (int m = 0; m < ROW_TILES; m++) {
-                    const int e0 = m * (D / 2 + 4);  // row tile m's O, then its row maxima and sums
+                    const int e0 = m * (D / 2 + 4);
                     float own_factor[2], their_factor[2];
 #pragma unroll
                     for (int r = 0; r < 2; r++) {
