@@ -14,6 +14,23 @@ __host__ __device__ inline size_t head_offset(int b, int h, int H, int S, int D)
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// A grid of one block per (tile, head) puts the tiles of one head's rows along x and the B * H
+// heads along y and z; its kernels number a block's head blockIdx.z * gridDim.y + blockIdx.y. CUDA
+// allows at most 65,535 blocks along y and along z, so a launcher covers the heads in chunks of
+// y * z heads, each launch given its tensors from the chunk's first head on: one chunk up to
+// 65,535 heads, two up to 65,535^2 (more than the INT_MAX elements that stage_check.c allows).
+typedef struct {
+    int first, count;  // heads [first, first + count)
+    dim3 grid;         // (tiles, y, z) with y * z = count
+} head_chunk;
+
+// The chunk of heads from `first` (< heads_total) on, in a grid of `tiles` blocks per head.
+inline head_chunk head_chunk_from(int first, int heads_total, int tiles) {
+    const int left = heads_total - first, most = 65535;
+    const int y = left < most ? left : most, z = left / y < most ? left / y : most;
+    return {first, y * z, dim3(tiles, y, z)};
+}
+
 // Copy rows [row0, row0 + ROWS) of one head's [S, D] fp16 matrix into a float tile in shared
 // memory with row stride `stride` (>= D; a stride of D + 1 staggers rows across banks). Rows past
 // S are filled with zeros: the tail tile is always full, and masking decides what counts.
@@ -78,16 +95,21 @@ typedef void (*attention_kernel)(const __half *q, const __half *k, const __half 
                                  float scale, int causal);
 
 // Launch a fused attention kernel the way every stage from 02 on does: one block per
-// (query tile of `block_rows` rows, head, batch), `threads` threads, `smem` bytes of dynamic
-// shared memory (the limit raised where needed), softmax scale 1/sqrt(D).
+// (query tile of `block_rows` rows, head), in chunks of heads (head_chunk), `threads` threads,
+// `smem` bytes of dynamic shared memory (the limit raised where needed), softmax scale 1/sqrt(D).
 inline cudaError_t launch_attention(attention_kernel kernel, int block_rows, int threads, size_t smem,
                                     const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     cudaError_t err = allow_dynamic_smem(kernel, smem);
     if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, block_rows), s->heads, s->batch);
-    kernel<<<grid, threads, smem, stream>>>((const __half *)t->q, (const __half *)t->k,
-                                            (const __half *)t->v, (__half *)t->o, s->seq,
-                                            1.0f / sqrtf((float)s->dim), s->causal);
+    const int heads_total = s->batch * s->heads, tiles = ceil_div(s->seq, block_rows);
+    for (int first = 0; first < heads_total;) {
+        const head_chunk c = head_chunk_from(first, heads_total, tiles);
+        const size_t offset = (size_t)first * s->seq * s->dim;
+        kernel<<<c.grid, threads, smem, stream>>>((const __half *)t->q + offset, (const __half *)t->k + offset,
+                                                  (const __half *)t->v + offset, (__half *)t->o + offset, s->seq,
+                                                  1.0f / sqrtf((float)s->dim), s->causal);
+        first += c.count;
+    }
     return cudaGetLastError();
 }
 

@@ -89,8 +89,13 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
     }
     const long long rows = (long long)BH * S;
     softmax_rows_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, stream>>>(scores, rows, S);
-    pv_kernel<<<dim3(S, s->heads, s->batch), D, 0, stream>>>(scores, v, (__half *)t->o, S, D,
-                                                             s->causal);
+    for (int first = 0; first < BH;) {  // one block per (query row, head), in chunks of heads
+        const head_chunk c = head_chunk_from(first, BH, S);
+        const size_t offset = (size_t)first * S * D;
+        pv_kernel<<<c.grid, D, 0, stream>>>(scores + (size_t)first * S * S, v + offset, (__half *)t->o + offset, S,
+                                            D, s->causal);
+        first += c.count;
+    }
     return cudaGetLastError();
 }
 

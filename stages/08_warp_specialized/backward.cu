@@ -216,9 +216,13 @@ __device__ inline void store_warp_tile(__half *dst, const float acc[MT][NT][4], 
 // P = 2^(S scale log2 e - lse) and dS = P ∘ (dP - delta) of a warp's 32 x (NT 8) tile of S and
 // dP, to shared memory as fp16 at p_address (this thread's first pair; dS is ds_offset bytes
 // further). The thread's rows are g, g + 8, g + 16, g + 24 (query0 + those, lse_rows and
-// delta_rows indexed by them), its keys key0 + 8 n + 2 t (+1). MASKED (tiles on the diagonal or
-// past S) zeroes P where the query is past S or, causal, before the key.
-template <int W, int NT, bool MASKED>
+// delta_rows indexed by them), its keys key0 + 8 n + 2 t (+1). MASKED (tiles on the diagonal, or
+// with queries or keys past S) zeroes P where the query is past S or, causal, the key is after
+// the query, and with KEYS_PAST_S where the key is past S. Such a key must be masked although its
+// K row is zero (cp_async_tile fills it so): its score is then 0 and P = 2^-lse, which overflows
+// fp16 wherever a row's scores are all below about -11, and dQ += dS K would turn that Inf times
+// the zero row into NaN.
+template <int W, int NT, bool MASKED, bool KEYS_PAST_S>
 __device__ inline void p_and_ds_to_smem(const float (&s_acc)[2][NT][4], const float (&dp_acc)[2][NT][4],
                                         const float *lse_rows, const float *delta_rows, uint32_t p_address,
                                         int ds_offset, float scale_log2, int query0, int key0, int S, int causal,
@@ -235,8 +239,9 @@ __device__ inline void p_and_ds_to_smem(const float (&s_acc)[2][NT][4], const fl
                 float p[2], ds[2];
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
+                    const int key = key0 + 8 * n + 2 * t + c;
                     p[c] = exp2_of(s_acc[m][n][2 * r + c] * scale_log2 - lse);
-                    if (MASKED && (query >= S || (causal && query < key0 + 8 * n + 2 * t + c))) p[c] = 0.0f;
+                    if (MASKED && (query >= S || (KEYS_PAST_S && key >= S) || (causal && query < key))) p[c] = 0.0f;
                     ds[c] = p[c] * (dp_acc[m][n][2 * r + c] - d_i);
                 }
                 // The base's chunk is a multiple of NT, so the 8-column steps n < NT flip chunk
@@ -265,8 +270,10 @@ __device__ inline void load_query_tile(unsigned char *slot, const __half *q_head
 }
 
 // dK, dV (and with ATOMIC dQ's share) for the OWN keys of a block; the query tiles stream through
-// a 2-slot cp.async ring.
-template <int D, bool ATOMIC>
+// a 2-slot cp.async ring. KEYS_PAST_S: S is not a multiple of OWN, so each head's last key block
+// has keys past S to mask in every tile; chosen per launch, as FlashAttention-2's Is_even_MN, so
+// that the blocks of a length with no such keys carry no test for them.
+template <int D, bool ATOMIC, bool KEYS_PAST_S>
 __global__ void __launch_bounds__(DkDvConfig<D>::THREADS, 1)
 backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
                const float *delta, __half *dk, __half *dv, float *dq_accum, int S, float scale, int causal) {
@@ -356,15 +363,16 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
             for (int n = 0; n < SDP_NT / 2; n++) mma_rows_by_b_pair<2, SDP_NT>(dp_acc, a, v_frags[kk][n], n);
         }
 
-        // P and dS to shared memory; the masks cost only the tiles on the diagonal or past S.
+        // P and dS to shared memory; the masks cost only the tiles on the diagonal or past S
+        // (every tile of a head's last key block, whose keys end past S).
         const int query0 = i0 + sdp_row0, key0 = j0 + sdp_col0;
         const float *lse_rows = lse_tile + sdp_row0, *delta_rows = delta_tile + sdp_row0;
-        if (i0 + QT > S || (causal && i0 < j0 + OWN))
-            p_and_ds_to_smem<OWN, SDP_NT, true>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES, scale_log2,
-                                                 query0, key0, S, causal, lane);
+        if (i0 + QT > S || (KEYS_PAST_S && j0 + OWN > S) || (causal && i0 < j0 + OWN))
+            p_and_ds_to_smem<OWN, SDP_NT, true, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
+                                                              scale_log2, query0, key0, S, causal, lane);
         else
-            p_and_ds_to_smem<OWN, SDP_NT, false>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES, scale_log2,
-                                                  query0, key0, S, causal, lane);
+            p_and_ds_to_smem<OWN, SDP_NT, false, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
+                                                               scale_log2, query0, key0, S, causal, lane);
         __syncthreads();  // P and dS of the whole tile are in shared memory
 
         // dV += Pᵀ dO and dK += dSᵀ Q for this warp's 32 keys x KV_COLS columns.
@@ -519,25 +527,35 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     float *dq_accum = ATOMIC ? scratch_dq_accum(s, t) : NULL;
     // The delta pre-pass also zeroes dQ's sums.
     cudaError_t err = launch_backward_delta(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);
-    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D, ATOMIC>, DkDv::bytes);
+    const bool keys_past_s = s->seq % DkDv::OWN != 0;
+    const auto dk_dv = keys_past_s ? backward_dk_dv<D, ATOMIC, true> : backward_dk_dv<D, ATOMIC, false>;
+    if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, DkDv::bytes);
     if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
     if (err != cudaSuccess) return err;
     const float scale = 1.0f / sqrtf((float)D);
     const __half *q = (const __half *)t->q, *k = (const __half *)t->k, *v = (const __half *)t->v;
     const __half *d_o = (const __half *)t->d_o;
-    backward_dk_dv<D, ATOMIC><<<dim3(ceil_div(s->seq, DkDv::OWN), s->heads, s->batch), DkDv::THREADS, DkDv::bytes,
-                                stream>>>(q, k, v, d_o, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, s->seq,
-                                          scale, s->causal);
-    if (ATOMIC) {
-        launch_backward_dq_convert(s, t, scale, stream);
-    } else {
-        backward_dq<D><<<dim3(ceil_div(s->seq, Dq::OWN), s->heads, s->batch), BWD_THREADS, Dq::bytes, stream>>>(
-            q, k, v, d_o, lse, delta, (__half *)t->dq, s->seq, scale, s->causal);
+    const int heads_total = s->batch * s->heads;
+    for (int first = 0; first < heads_total;) {  // in chunks of heads (head_chunk)
+        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, DkDv::OWN));
+        const size_t offset = (size_t)first * s->seq * D, rows = (size_t)first * s->seq;
+        dk_dv<<<c.grid, DkDv::THREADS, DkDv::bytes, stream>>>(
+            q + offset, k + offset, v + offset, d_o + offset, lse + rows, delta + rows, (__half *)t->dk + offset,
+            (__half *)t->dv + offset, ATOMIC ? dq_accum + offset : NULL, s->seq, scale, s->causal);
+        if (!ATOMIC) {
+            const dim3 grid(ceil_div(s->seq, Dq::OWN), c.grid.y, c.grid.z);
+            backward_dq<D><<<grid, BWD_THREADS, Dq::bytes, stream>>>(q + offset, k + offset, v + offset, d_o + offset,
+                                                                     lse + rows, delta + rows, (__half *)t->dq + offset,
+                                                                     s->seq, scale, s->causal);
+        }
+        first += c.count;
     }
+    if (ATOMIC) launch_backward_dq_convert(s, t, scale, stream);
     return cudaGetLastError();
 }
 
 cudaError_t stage08_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    if (dq_by_atomics()) return s->dim == 64 ? launch_backward<64, true>(s, t, stream) : launch_backward<128, true>(s, t, stream);
+    if (dq_by_atomics())
+        return s->dim == 64 ? launch_backward<64, true>(s, t, stream) : launch_backward<128, true>(s, t, stream);
     return s->dim == 64 ? launch_backward<64, false>(s, t, stream) : launch_backward<128, false>(s, t, stream);
 }

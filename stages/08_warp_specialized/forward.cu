@@ -356,10 +356,16 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cu
     using L = Config<D>;
     cudaError_t err = allow_dynamic_smem(warp_specialized_forward<D>, L::bytes);
     if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, L::BLOCK_ROWS), s->heads, s->batch);
-    warp_specialized_forward<D><<<grid, L::THREADS, L::bytes, stream>>>(
-        (const __half *)t->q, (const __half *)t->k, (const __half *)t->v, (__half *)t->o,
-        workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal);
+    const int heads_total = s->batch * s->heads;
+    for (int first = 0; first < heads_total;) {  // in chunks of heads (head_chunk)
+        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, L::BLOCK_ROWS));
+        const size_t offset = (size_t)first * s->seq * D;
+        warp_specialized_forward<D><<<c.grid, L::THREADS, L::bytes, stream>>>(
+            (const __half *)t->q + offset, (const __half *)t->k + offset, (const __half *)t->v + offset,
+            (__half *)t->o + offset, workspace_lse(s, t) + (size_t)first * s->seq, s->seq, 1.0f / sqrtf((float)s->dim),
+            s->causal);
+        first += c.count;
+    }
     return cudaGetLastError();
 }
 

@@ -297,6 +297,16 @@ __device__ inline void store_rows(__half *dst, const float acc[D / 2], float fac
     }
 }
 
+// Zeroes the entries of a 64 x 64 accumulator that this thread holds (rows g and g + 8 of its
+// warp's 16, as in store_rows) in rows from `limit` on; row_g is the thread's row g.
+__device__ inline void zero_rows_from(float acc[32], int row_g, int limit) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (row_g + (e < 2 ? 0 : 8) >= limit) acc[4 * j + e] = 0.0f;
+}
+
 // The 16-row half-pairs of an fp16 A operand (pack_a_frags) are the values of dSᵀ this thread
 // holds: frag[kk][i] is row g + 8 (i % 2) of the warp's 16, columns 16 kk + 8 (i / 2) + 2t, +1.
 // They go to a 128-byte-swizzled [rows][64] tile at the warp's first row (ds_row0): 16-byte chunk
@@ -315,8 +325,11 @@ __device__ inline void store_ds_frags(__half *ds_tile, int ds_row0, const uint32
 
 // dK, dV (and with ATOMIC dQ's share) for BWD_OWN keys per block; query tiles (Q and dO) stream
 // through the ring. Everything is computed transposed (keys as rows), so that Pᵀ and dSᵀ come out
-// as accumulators with keys as rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
-template <int D, bool ATOMIC>
+// as accumulators with keys as rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q. KEYS_PAST_S:
+// S is not a multiple of BWD_OWN, so each head's last key block has keys past S to mask; chosen
+// per launch, as FlashAttention-2's Is_even_MN, so that the blocks of a length with no such keys
+// carry no test for them.
+template <int D, bool ATOMIC, bool KEYS_PAST_S>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
@@ -439,6 +452,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                     st_acc[4 * j + e] = diagonal && key > query ? 0.0f : p;
                 }
             }
+            // A head's last key block: its keys past S have the zero rows of K that TMA fills in,
+            // so their scores are 0 and P = 2^-lse, which overflows fp16 wherever a row's scores
+            // are all below about -11; dQ += dS K would turn that Inf times the zero row into NaN.
+            if (KEYS_PAST_S && k0 + BWD_OWN > S) zero_rows_from(st_acc, warp_key0 + g, S);
             wgmma_wait<0>();
             fence_operands<32>(dpt_acc);
             // dSᵀ = Pᵀ ∘ (dPᵀ - D), in place.
@@ -714,6 +731,29 @@ static size_t dq_heads_done_count(const attn_shape *s) {
     return kEarlyDqConversion ? ((size_t)s->batch * s->heads + 3) / 4 * 4 : 0;
 }
 
+// The TMA maps of a chunk of heads (head_chunk), from its first head on: Q, K, V and dO in boxes
+// of BWD_OWN rows (owned tiles) and of BWD_WALK rows (walked tiles), and dK and dV, stored a
+// warpgroup's 64 rows at a time (kTmaStoreDkDv).
+struct BwdMaps {
+    CUtensorMap own[4], walk[4];  // q, k, v, do
+    CUtensorMap dk, dv;
+};
+
+template <int D>
+static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_tensors *t, const head_chunk &c) {
+    const size_t offset = (size_t)c.first * s->seq * D;
+    const __half *tensors[4] = {(const __half *)t->q + offset, (const __half *)t->k + offset,
+                                (const __half *)t->v + offset, (const __half *)t->d_o + offset};
+    cudaError_t err = cudaSuccess;
+    for (int i = 0; i < 4 && err == cudaSuccess; i++) {
+        err = make_tensor_map_bhsd(&maps->own[i], tensors[i], c.count, s->seq, D, BWD_OWN);
+        if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->walk[i], tensors[i], c.count, s->seq, D, BWD_WALK);
+    }
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dk, (__half *)t->dk + offset, c.count, s->seq, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dv, (__half *)t->dv + offset, c.count, s->seq, D, 64);
+    return err;
+}
+
 template <int D>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     const int heads_total = s->batch * s->heads;
@@ -723,22 +763,11 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     // The delta pre-pass also zeroes dQ's sums and the heads' counters.
     cudaError_t err =
         launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
-    // Owned tiles are read in boxes of BWD_OWN rows, walked ones in boxes of BWD_WALK rows.
-    CUtensorMap own[4], walk[4];  // q, k, v, do
-    const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
-    for (int i = 0; i < 4 && err == cudaSuccess; i++) {
-        err = make_tensor_map_bhsd(&own[i], tensors[i], heads_total, s->seq, D, BWD_OWN);
-        if (err == cudaSuccess) err = make_tensor_map_bhsd(&walk[i], tensors[i], heads_total, s->seq, D, BWD_WALK);
-    }
-    // dK and dV are stored a warpgroup's 64 rows at a time (kTmaStoreDkDv).
-    CUtensorMap dk_map, dv_map;
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&dk_map, t->dk, heads_total, s->seq, D, 64);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&dv_map, t->dv, heads_total, s->seq, D, 64);
     const size_t smem = BwdLayout<D>::bytes;
-    if (err == cudaSuccess) err = allow_dynamic_smem(backward_dk_dv<D, kAtomicDq>, smem);
+    const bool keys_past_s = s->seq % BWD_OWN != 0;
+    const auto dk_dv = keys_past_s ? backward_dk_dv<D, kAtomicDq, true> : backward_dk_dv<D, kAtomicDq, false>;
+    if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, smem);
     if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, smem);
-    if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(s->seq, BWD_OWN), s->heads, s->batch);
     const float scale = 1.0f / sqrtf((float)D);
     // After backward_delta, each kernel is a dependent launch (kDependentLaunch): its blocks set up
     // (barriers, the owned tiles' TMA loads) while the kernel before finishes, and wait for it
@@ -748,15 +777,26 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         kernel<<<blocks, threads, shared_bytes, stream>>>(args...);
         return cudaGetLastError();
     };
-    err = launch(backward_dk_dv<D, kAtomicDq>, grid, BWD_THREADS, smem, walk[0], own[1], own[2], walk[3], dk_map,
-                 dv_map, lse, delta, (__half *)t->dk, (__half *)t->dv, dq_accum, dq_heads_done, s->seq, scale,
-                 s->causal);
-    if (err != cudaSuccess) return err;
-    if (kAtomicDq)
-        return launch(backward_dq_unpermute<D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
-                      (const float *)dq_accum, (const int *)dq_heads_done, (__half *)t->dq, s->seq, scale);
-    return launch(backward_dq<D>, grid, BWD_THREADS, smem, own[0], walk[1], walk[2], own[3], lse, delta,
-                  (__half *)t->dq, s->seq, scale, s->causal);
+    const size_t dq_head_elems = dq_accum_elems(s) / heads_total;  // a head's padded rows of the float dQ
+    for (int first = 0; first < heads_total && err == cudaSuccess;) {  // in chunks of heads (head_chunk)
+        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, BWD_OWN));
+        const size_t offset = (size_t)first * s->seq * D, rows = (size_t)first * s->seq;
+        BwdMaps maps;
+        err = make_bwd_maps<D>(&maps, s, t, c);
+        if (err == cudaSuccess)
+            err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2],
+                         maps.walk[3], maps.dk, maps.dv, lse + rows, delta + rows, (__half *)t->dk + offset,
+                         (__half *)t->dv + offset, kAtomicDq ? dq_accum + first * dq_head_elems : NULL,
+                         kEarlyDqConversion ? dq_heads_done + first : NULL, s->seq, scale, s->causal);
+        if (err == cudaSuccess && !kAtomicDq)
+            err = launch(backward_dq<D>, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
+                         maps.own[3], lse + rows, delta + rows, (__half *)t->dq + offset, s->seq, scale, s->causal);
+        first += c.count;
+    }
+    if (err == cudaSuccess && kAtomicDq)
+        err = launch(backward_dq_unpermute<D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
+                     (const float *)dq_accum, (const int *)dq_heads_done, (__half *)t->dq, s->seq, scale);
+    return err;
 }
 
 // The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ and the
