@@ -50,13 +50,24 @@ enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU 
 // plots/cuda_timing.py reads these constants and the --warmup and --iters defaults from this file.
 #define SPIN_CYCLES 2000000LL
 
+// host[] and the .npy files share this order; dO is an input of the backward pass.
+enum { T_Q, T_K, T_V, T_O, T_DO, T_DQ, T_DK, T_DV, N_TENSORS };
+static const char *TENSOR_NAMES[N_TENSORS] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
+
 typedef struct {
     attn_shape shape;
     int bench, backward;
     int iters, warmup;
     unsigned long long seed;
+    // The generated inputs are N(mean, std^2), per tensor (T_Q, T_K, T_V and T_DO).
+    double mean[T_DO + 1], std[T_DO + 1];
     const char *csv_path, *load_dir, *save_dir;
 } options;
+
+// --mean and --std bound their values so that every generated input is a finite fp16 (at most
+// about 1600 in size; fp16 reaches 65504).
+#define INPUT_MEAN_MAX 1000.0
+#define INPUT_STD_MAX 100.0
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -74,7 +85,12 @@ static void usage(FILE *out) {
             "                 check dQ, dK, dV against float64; --bench then times the backward\n"
             "  --iters N      timed runs (default 30; fewer once %.0f s are timed, at least %d)\n"
             "  --warmup N     untimed runs before timing (default 3)\n"
-            "  --seed N       seed of the random N(0,1) inputs (default 1)\n"
+            "  --seed N       seed of the random inputs, N(0,1) unless --mean or --std say (default 1)\n"
+            "  --mean T=M     draw tensor T (q, k, v or do) from N(M, 1): |M| <= %.0f. A large mean in\n"
+            "                 k shifts each query row's scores by its own constant (k=30: by about\n"
+            "                 +-10 to +-100), which softmax cancels; in q, each key's scores\n"
+            "  --std T=X      scale tensor T's draws by X: 0 < X <= %.0f (--std q=2.5 --std k=2.5:\n"
+            "                 scores six times as large)\n"
             "  --csv FILE     append one result row to FILE (with --bench)\n"
             "  --load DIR     read DIR/q.npy, k.npy, v.npy (fp16 [B,H,S,D]; and do.npy with --backward)\n"
             "                 instead of random inputs\n"
@@ -83,7 +99,8 @@ static void usage(FILE *out) {
             "\n"
             "exit codes: 0 ok, 1 check failed or CUDA error, 2 bad arguments, 3 unsupported shape,\n"
             "77 no CUDA device\n",
-            program_name, program_name, STAGE.idea, TIME_BUDGET_S, MIN_TIMED_RUNS);
+            program_name, program_name, STAGE.idea, TIME_BUDGET_S, MIN_TIMED_RUNS, INPUT_MEAN_MAX,
+            INPUT_STD_MAX);
 }
 
 static void die_usage(const char *fmt, const char *arg) {
@@ -108,21 +125,46 @@ static long long parse_integer(const char *flag, const char *text, long long min
     return value;
 }
 
+// --mean and --std: "T=X" for an input tensor T (q, k, v or do) and a number X in [min, max],
+// stored in values[T].
+static void parse_tensor_value(const char *flag, const char *text, double min, double max, double values[]) {
+    if (!text) die_usage("%s needs a value", flag);
+    for (int t = T_Q; t <= T_DO; t++) {
+        const size_t n = strlen(TENSOR_NAMES[t]);
+        if (t == T_O || strncmp(text, TENSOR_NAMES[t], n) != 0 || text[n] != '=') continue;
+        char *end;
+        errno = 0;
+        const double value = strtod(text + n + 1, &end);
+        if (errno || end == text + n + 1 || *end != '\0' || !(value >= min && value <= max)) break;
+        values[t] = value;
+        return;
+    }
+    fprintf(stderr, "%s: %s takes T=X with T one of q, k, v, do and X a number in [%g, %g], got '%s'\n\n",
+            program_name, flag, min, max, text);
+    usage(stderr);
+    exit(EXIT_USAGE);
+}
+
 static options parse_options(int argc, char **argv) {
     options opt = {.shape = {.batch = 1, .heads = 8, .seq = 512, .dim = 64, .causal = 0},
                    .iters = 30,
                    .warmup = 3,
-                   .seed = 1};
+                   .seed = 1,
+                   .mean = {0, 0, 0, 0, 0},
+                   .std = {1, 1, 1, 1, 1}};
+    int shaped = 0;  // --mean or --std given
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
-        // Grid dimensions y and z (heads, batch) are limited to 65535 by CUDA.
-        if (!strcmp(a, "--batch")) opt.shape.batch = (int)parse_integer(a, next, 1, 65535), i++;
-        else if (!strcmp(a, "--heads")) opt.shape.heads = (int)parse_integer(a, next, 1, 65535), i++;
+        // B, H and S are limited together: at most INT_MAX elements per tensor (shape_refusal).
+        if (!strcmp(a, "--batch")) opt.shape.batch = (int)parse_integer(a, next, 1, INT_MAX), i++;
+        else if (!strcmp(a, "--heads")) opt.shape.heads = (int)parse_integer(a, next, 1, INT_MAX), i++;
         else if (!strcmp(a, "--seq")) opt.shape.seq = (int)parse_integer(a, next, 1, INT_MAX), i++;
         else if (!strcmp(a, "--dim")) opt.shape.dim = (int)parse_integer(a, next, 1, 1024), i++;
         else if (!strcmp(a, "--iters")) opt.iters = (int)parse_integer(a, next, 1, 100000), i++;
         else if (!strcmp(a, "--warmup")) opt.warmup = (int)parse_integer(a, next, 0, 100000), i++;
         else if (!strcmp(a, "--seed")) opt.seed = (unsigned long long)parse_integer(a, next, 0, LLONG_MAX), i++;
+        else if (!strcmp(a, "--mean")) parse_tensor_value(a, next, -INPUT_MEAN_MAX, INPUT_MEAN_MAX, opt.mean), shaped = 1, i++;
+        else if (!strcmp(a, "--std")) parse_tensor_value(a, next, 0x1p-24, INPUT_STD_MAX, opt.std), shaped = 1, i++;
         else if (!strcmp(a, "--causal")) opt.shape.causal = 1;
         else if (!strcmp(a, "--check")) { /* the default: every run is checked */ }
         else if (!strcmp(a, "--bench")) opt.bench = 1;
@@ -141,12 +183,13 @@ static options parse_options(int argc, char **argv) {
         }
     }
     if (opt.csv_path && !opt.bench) die_usage("%s needs --bench (it records timings)", "--csv");
+    if (shaped && opt.load_dir) die_usage("%s reads its inputs; --mean and --std shape generated ones only", "--load");
     return opt;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Inputs: N(0, 1) by Box-Muller from a counter-based hash, so element i of a tensor is the same
-// for a given seed whatever the thread count; then rounded to fp16.
+// Inputs: N(mean, std^2) (by default N(0, 1)) by Box-Muller from a counter-based hash, so element
+// i of a tensor is the same for a given seed whatever the thread count; then rounded to fp16.
 
 static uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
@@ -155,7 +198,7 @@ static uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-static void fill_normal_f16(uint16_t *dst, size_t n, uint64_t seed, uint64_t tensor) {
+static void fill_normal_f16(uint16_t *dst, size_t n, uint64_t seed, uint64_t tensor, double mean, double std) {
     const uint64_t key = splitmix64(seed ^ splitmix64(tensor));
     OMP_PARALLEL_FOR
     for (long long i = 0; i < (long long)n; i++) {
@@ -163,7 +206,7 @@ static void fill_normal_f16(uint16_t *dst, size_t n, uint64_t seed, uint64_t ten
         double u1 = ((double)(bits >> 40) + 1.0) / 16777217.0;         // (0, 1]
         double u2 = (double)(bits & 0xffffffull) / 16777216.0;          // [0, 1)
         double normal = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-        dst[i] = float_to_half((float)normal);
+        dst[i] = float_to_half((float)(mean + std * normal));
     }
 }
 
@@ -180,10 +223,6 @@ static void *xmalloc(size_t bytes) {
     }
     return p;
 }
-
-// host[] and the .npy files share this order; dO is an input of the backward pass.
-enum { T_Q, T_K, T_V, T_O, T_DO, T_DQ, T_DK, T_DV, N_TENSORS };
-static const char *TENSOR_NAMES[N_TENSORS] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
 
 static void load_inputs(const char *dir, int backward, attn_shape *shape, uint16_t *host[]) {
     int first[4];
@@ -210,8 +249,8 @@ static void load_inputs(const char *dir, int backward, attn_shape *shape, uint16
             exit(EXIT_USAGE);
         }
     }
-    if (first[0] > 65535 || first[1] > 65535 || first[3] > 1024) {
-        fprintf(stderr, "%s: --load: shape [%d,%d,%d,%d] is out of range (B, H <= 65535, D <= 1024)\n",
+    if (first[3] > 1024) {
+        fprintf(stderr, "%s: --load: shape [%d,%d,%d,%d] is out of range (D <= 1024)\n",
                 program_name, first[0], first[1], first[2], first[3]);
         exit(EXIT_USAGE);
     }
@@ -405,7 +444,7 @@ int main(int argc, char **argv) {
     for (int t = 0; t < n_tensors; t++) {
         if (host[t]) continue;  // loaded
         host[t] = xmalloc(bytes);
-        if (t <= T_V || t == T_DO) fill_normal_f16(host[t], n, opt.seed, (uint64_t)t);
+        if (t <= T_V || t == T_DO) fill_normal_f16(host[t], n, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t]);
     }
 
     void *dev_ptr[N_TENSORS] = {NULL};

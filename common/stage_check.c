@@ -6,11 +6,25 @@
 
 #include "smem_limit.h"
 
+// Whether B*H*S*D exceeds INT_MAX, the kernels' int indexing, without computing the product: each
+// factor (at least 1) must fit in what the ones before it leave. B and H may each be up to INT_MAX,
+// so their product in size_t could already overflow.
+static int too_many_elements(const attn_shape *s) {
+    const int factors[4] = {s->batch, s->heads, s->seq, s->dim};
+    int room = INT_MAX;
+    for (int i = 0; i < 4; i++) {
+        if (factors[i] < 1) return 0;  // no elements: the callers refuse empty shapes first
+        if (factors[i] > room) return 1;
+        room /= factors[i];
+    }
+    return 0;
+}
+
 int shape_refusal(const attn_stage *stage, const char *program, const attn_shape *shape, char *message,
                   size_t message_size) {
-    if (attn_elems(shape) > (size_t)INT_MAX) {
-        snprintf(message, message_size, "%s: B*H*S*D = %zu elements per tensor; at most %d are supported",
-                 program, attn_elems(shape), INT_MAX);
+    if (too_many_elements(shape)) {
+        snprintf(message, message_size, "%s: B*H*S*D = %.0f elements per tensor; at most %d are supported",
+                 program, (double)shape->batch * shape->heads * shape->seq * shape->dim, INT_MAX);
         return REFUSED_SHAPE;
     }
     const char *why_not = stage->unsupported(shape);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # gpu_session.sh [test|quick|ablations|bench|all] - what one call on a lent GPU machine runs: build
 # for the local GPU, then
-#   test:     every CTest test, compute-sanitizer memcheck, racecheck and synccheck on a small
-#             odd causal shape per stage, forward and backward, and every stage on the hard inputs
-#             of tests/gpu_hard_inputs.sh;
+#   test:     every CTest test (the hard inputs and many heads among them: labels hard and
+#             many_heads), and compute-sanitizer memcheck, racecheck and synccheck on a small odd
+#             causal shape per stage, forward and backward;
 #   quick:    test, plus each stage timed at S = 4096;
 #   ablations: test, plus plots/ablations.sh (every ablation build at S = 4096) and
 #             plots/profiles.sh (Nsight Compute profile of every stage);
@@ -48,8 +48,6 @@ done
 # One line per run: what ran, the tool's summary, the exit status.
 awk '/^== / { run = $0 } /ERROR SUMMARY|RACECHECK SUMMARY/ { sub(/^=+ */, ""); summary = $0 }
      /^exit / { print run " | " summary " | " $0 }' "$out/sanitizer.log" >"$out/sanitizer_summary.txt"
-bash tests/gpu_hard_inputs.sh build-gpu/bin "$out/hard" 2>&1 | tail -n 30
-cp "$out/hard/hard_inputs.log" "$out/hard_inputs.log" 2>/dev/null; rm -rf "$out/hard"
 grep -c "| exit 0$" "$out/sanitizer_summary.txt" | sed 's/^/sanitizer runs with exit 0: /'
 grep -v "| exit 0$" "$out/sanitizer_summary.txt" || true
 }

@@ -4,6 +4,7 @@ on bad input. Run by CTest (python/tests/run.py) with the build tree's libraries
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_stages
 
@@ -28,9 +29,13 @@ def inputs(shape, seed=0, requires_grad=False):
             for _ in range(4)]
 
 
-def sdpa_with_grads(q, k, v, d_o, causal, dtype, scale=None):
+def sdpa_with_grads(q, k, v, d_o, causal, dtype, scale=None, backend=None):
     q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    if backend is None:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    else:
+        with sdpa_kernel(backend):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     o.backward(d_o.to(dtype))
     return [o.detach(), q.grad, k.grad, v.grad]
 
@@ -89,6 +94,56 @@ def test_forward_only_stages_match_float64(stage, causal):
         exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
         theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     assert max_error(o, exact) <= 2 * max_error(theirs, exact) + 1e-3
+
+
+ALL_STAGES = [s.name for s in flash_stages.stages()] if torch.cuda.is_available() else []
+
+
+@pytest.mark.parametrize("stage", ALL_STAGES)
+@pytest.mark.parametrize("shape, causal", [((1, 65537, 5, 64), False), ((65536, 2, 3, 128), True),
+                                           ((2, 33000, 4, 64), False)])
+def test_more_heads_than_a_grid_dimension_holds(stage, shape, causal):
+    # B * H past 65,535, the limit of a grid's y and z dimensions: H alone past it, B alone past
+    # it, and neither.
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    trains = stage in TRAINING_STAGES
+    q, k, v, d_o = inputs(shape, seed=7, requires_grad=trains)
+    with torch.set_grad_enabled(trains):
+        o = flash_stages.attention(q, k, v, causal=causal, stage=stage)
+    ours = [o.detach()]
+    if trains:
+        o.backward(d_o)
+        ours += [q.grad, k.grad, v.grad]
+    exact = sdpa_with_grads(q, k, v, d_o, causal, torch.float64)
+    # SDPA's fused fp16 kernels need not take this many heads; its fp16 math backend does.
+    pytorch_fp16 = sdpa_with_grads(q, k, v, d_o, causal, torch.float16, backend=SDPBackend.MATH)
+    for name, mine, ref, theirs in zip(("o", "dq", "dk", "dv"), ours, exact, pytorch_fp16):
+        assert torch.isfinite(mine).all(), f"{name} has NaN or Inf"
+        bound = 2 * max_error(theirs, ref) + 1e-3
+        assert max_error(mine, ref) <= bound, f"{name}: error {max_error(mine, ref):.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("stage", TRAINING_STAGES)
+@pytest.mark.parametrize("offset_of", ["k", "q"])
+def test_scores_with_large_offsets(stage, offset_of):
+    # K ~ N(30, 1) shifts each query row's scores by its own constant (about +-10 to +-100), which
+    # softmax cancels; Q ~ N(30, 1) shifts each key's. The odd length leaves a partial key tile.
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    q, k, v, d_o = inputs((2, 3, 129, 128), seed=8)
+    with torch.no_grad():
+        (k if offset_of == "k" else q).add_(30.0)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = flash_stages.attention(q, k, v, stage=stage)
+    o.backward(d_o)
+    exact = sdpa_with_grads(q, k, v, d_o, False, torch.float64)
+    pytorch_fp16 = sdpa_with_grads(q, k, v, d_o, False, torch.float16)
+    for name, mine, ref, theirs in zip(("o", "dq", "dk", "dv"), [o.detach(), q.grad, k.grad, v.grad], exact,
+                                       pytorch_fp16):
+        assert torch.isfinite(mine).all(), f"{name} has NaN or Inf"
+        bound = 2 * max_error(theirs, ref) + 1e-3
+        assert max_error(mine, ref) <= bound, f"{name}: error {max_error(mine, ref):.3g} > {bound:.3g}"
 
 
 def test_default_stage_and_stage_list():
