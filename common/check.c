@@ -233,6 +233,70 @@ typedef struct {
     int bh, row;
 } grad_row;
 
+// What one head's check works in: the head's lse, D_i and D_i's error terms (S each), and for each
+// checked row of dQ, dK and dV its grad_row, reference, worst and rss terms (D each).
+typedef struct {
+    double *stats, *ref;
+    grad_row *rows;
+} head_scratch;
+
+static head_scratch head_scratch_alloc(int S, int D, int rows_per_head) {
+    const size_t n_rows = 3 * (size_t)rows_per_head;
+    head_scratch h = {malloc(sizeof(double) * 4 * (size_t)S), malloc(sizeof(double) * 3 * n_rows * D),
+                      malloc(sizeof(grad_row) * n_rows)};
+    if (!h.stats || !h.ref || !h.rows) {
+        fprintf(stderr, "check: out of host memory\n");
+        exit(1);
+    }
+    return h;
+}
+
+static void head_scratch_free(head_scratch *h) {
+    free(h->stats);
+    free(h->ref);
+    free(h->rows);
+}
+
+// Checks head bh's rows (all of them with `full`, else rows_per_head sampled ones) of dQ, dK and
+// dV, adding them to r[] and the squared sums one thread at a time. Its row loop runs on every
+// thread when called from one thread, on the calling thread alone inside a parallel region.
+static void check_backward_head(const attn_shape *shape, const float *q, const float *k, const float *v,
+                                const float *d_o, const uint16_t *const grads[3], int bh, int full,
+                                int rows_per_head, head_scratch *h, check_result *r[3], double err_sq[3],
+                                double ref_sq[3]) {
+    const int H = shape->heads, S = shape->seq, D = shape->dim, b = bh / H, hd = bh % H;
+    const size_t n_rows = 3 * (size_t)rows_per_head;
+    double *lse = h->stats, *delta = h->stats + S;
+    const reference_error delta_err = {h->stats + 2 * (size_t)S, h->stats + 3 * (size_t)S};
+    double *ref = h->ref, *worst = ref + n_rows * D, *rss = worst + n_rows * D;
+    reference_bwd_stats(shape, q, k, v, d_o, b, hd, lse, delta, delta_err);
+    for (int i = 0; i < rows_per_head; i++) {
+        const int row = full ? i : sample_row(S, i, (uint64_t)bh);
+        for (int t = 0; t < 3; t++) h->rows[3 * i + t] = (grad_row){t, bh, row};
+    }
+    // Row i of dQ, and rows i of dK and dV (one reference call), at slots 3i, 3i+1, 3i+2.
+    OMP_PARALLEL
+    {
+    OMP_FOR_DYNAMIC
+    for (long long task = 0; task < (long long)rows_per_head; task++) {
+        const grad_row *g = &h->rows[3 * task];
+        const size_t dq = (3 * (size_t)task) * D, dk = dq + D, dv = dk + D;
+        reference_dq_row(shape, q, k, v, d_o, b, hd, lse, delta, delta_err, g->row, ref + dq,
+                         (reference_error){worst + dq, rss + dq});
+        reference_dkdv_row(shape, q, k, v, d_o, b, hd, lse, delta, delta_err, g->row, ref + dk, ref + dv,
+                           (reference_error){worst + dk, rss + dk}, (reference_error){worst + dv, rss + dv});
+    }
+    }
+    for (size_t i = 0; i < n_rows; i++) {
+        const grad_row *g = &h->rows[i];
+        const size_t base = ((size_t)g->bh * S + g->row) * D;
+        const row_errors e = compare_row(grads[g->tensor], base, ref + i * D, worst + i * D, rss + i * D, D,
+                                         CHECK_ROW_REL_L2);
+        OMP_CRITICAL
+        add_row(r[g->tensor], &e, base, &err_sq[g->tensor], &ref_sq[g->tensor]);
+    }
+}
+
 check_bwd_result check_backward(const attn_shape *shape, const float *q, const float *k,
                                 const float *v, const float *d_o, const uint16_t *const grads[3]) {
     const int B = shape->batch, H = shape->heads, S = shape->seq, D = shape->dim;
@@ -261,54 +325,29 @@ check_bwd_result check_backward(const attn_shape *shape, const float *q, const f
         r[t]->rows_checked = (size_t)heads * rows_per_head;
     }
 
-    // Per head: lse, D_i and D_i's error terms (S each). Per checked row of dQ, dK, dV: the
-    // reference, its worst and its rss terms (D each).
-    const size_t n_rows = 3 * (size_t)rows_per_head;
-    double *stats = malloc(sizeof(double) * 4 * (size_t)S);
-    double *ref = malloc(sizeof(double) * 3 * n_rows * D);
-    grad_row *rows = malloc(sizeof(grad_row) * n_rows);
-    if (!stats || !ref || !rows) {
-        fprintf(stderr, "check: out of host memory\n");
-        exit(1);
-    }
-    double *lse = stats, *delta = stats + S;
-    const reference_error delta_err = {stats + 2 * (size_t)S, stats + 3 * (size_t)S};
-    double *worst = ref + n_rows * D, *rss = worst + n_rows * D;
+    // Many heads (short rows, or many heads sampled): one head per thread at a time. Few: one head
+    // after another, each with its rows spread over the threads. Either way each thread's work is
+    // large next to starting a parallel region, which is slow where the cores are shared.
     double err_sq[3] = {0, 0, 0}, ref_sq[3] = {0, 0, 0};
-    for (int hc = 0; hc < heads; hc++) {
-        const int bh = pick_head(B * H, heads, hc), b = bh / H, h = bh % H;
-        reference_bwd_stats(shape, q, k, v, d_o, b, h, lse, delta, delta_err);
-        for (int i = 0; i < rows_per_head; i++) {
-            const int row = full ? i : sample_row(S, i, (uint64_t)bh);
-            for (int t = 0; t < 3; t++) rows[3 * i + t] = (grad_row){t, bh, row};
-        }
-        // Row i of dQ, and rows i of dK and dV (one reference call), at slots 3i, 3i+1, 3i+2.
+    if (heads >= 4 * omp_threads()) {
         OMP_PARALLEL
         {
-        OMP_FOR_DYNAMIC
-        for (long long task = 0; task < (long long)rows_per_head; task++) {
-            const grad_row *g = &rows[3 * task];
-            const size_t dq = (3 * (size_t)task) * D, dk = dq + D, dv = dk + D;
-            reference_dq_row(shape, q, k, v, d_o, b, h, lse, delta, delta_err, g->row, ref + dq,
-                             (reference_error){worst + dq, rss + dq});
-            reference_dkdv_row(shape, q, k, v, d_o, b, h, lse, delta, delta_err, g->row, ref + dk,
-                               ref + dv, (reference_error){worst + dk, rss + dk},
-                               (reference_error){worst + dv, rss + dv});
+            head_scratch h = head_scratch_alloc(S, D, rows_per_head);
+            OMP_FOR_DYNAMIC
+            for (int hc = 0; hc < heads; hc++)
+                check_backward_head(shape, q, k, v, d_o, grads, pick_head(B * H, heads, hc), full, rows_per_head,
+                                    &h, r, err_sq, ref_sq);
+            head_scratch_free(&h);
         }
-        }
-        for (size_t i = 0; i < n_rows; i++) {
-            const grad_row *g = &rows[i];
-            const size_t base = ((size_t)g->bh * S + g->row) * D;
-            const row_errors e = compare_row(grads[g->tensor], base, ref + i * D, worst + i * D,
-                                             rss + i * D, D, CHECK_ROW_REL_L2);
-            add_row(r[g->tensor], &e, base, &err_sq[g->tensor], &ref_sq[g->tensor]);
-        }
+    } else {
+        head_scratch h = head_scratch_alloc(S, D, rows_per_head);
+        for (int hc = 0; hc < heads; hc++)
+            check_backward_head(shape, q, k, v, d_o, grads, pick_head(B * H, heads, hc), full, rows_per_head, &h,
+                                r, err_sq, ref_sq);
+        head_scratch_free(&h);
     }
     for (int t = 0; t < 3; t++)
         r[t]->rel_l2_err = ref_sq[t] > 0.0 ? sqrt(err_sq[t] / ref_sq[t]) : sqrt(err_sq[t]);
-    free(stats);
-    free(ref);
-    free(rows);
     return res;
 }
 

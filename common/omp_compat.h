@@ -3,6 +3,7 @@
 #define FLASH_STAGES_OMP_COMPAT_H
 
 #ifdef _OPENMP
+#include <omp.h>
 #define OMP_PARALLEL _Pragma("omp parallel")
 #define OMP_FOR_DYNAMIC _Pragma("omp for schedule(dynamic, 4)")
 #define OMP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
@@ -13,5 +14,14 @@
 #define OMP_PARALLEL_FOR
 #define OMP_CRITICAL
 #endif
+
+// The threads a parallel region would start here (1 without OpenMP).
+static inline int omp_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 
 #endif
