@@ -18,7 +18,8 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
 nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
 
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native >"$out/build.log" 2>&1 &&
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+    -DFLASH_STAGES_ABLATION_BUILDS=ON >"$out/build.log" 2>&1 &&
     cmake --build build-gpu -j 16 >>"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
 stages=$(ls build-gpu/bin | grep -v '\.')  # the stages, not their ablation builds (<stage>.<name>)
 
