@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """check_doc_references.py - every reference the course's prose makes must exist.
 
-For each tracked Markdown file:
+For each tracked code file, the repository paths its comments name exist. For each tracked
+Markdown file:
   - relative links [text](path#anchor): the file exists, and the anchor is a heading of it;
   - repository paths in code spans (`stages/08_warp_specialized/backward.cu`): the file or
     directory exists (paths under build/ are build outputs and are not checked);
@@ -175,6 +176,19 @@ def unexplained_numbers(md, evidence):
                     yield number, n
 
 
+def tracked_sources():
+    """The tracked code files whose comments may name repository paths."""
+    out = git("ls-files", "*.cu", "*.cuh", "*.c", "*.h", "*.sh", "*.py", "*.awk", "*.gp", "*.cmake",
+              "CMakeLists.txt", ".ci/run")
+    return [ROOT / line for line in out.stdout.split() if line] if out.returncode == 0 else []
+
+
+def comment_text(path, line):
+    """The comment part of one line of code: after // in C and CUDA, after # elsewhere."""
+    marker = "//" if path.suffix in (".cu", ".cuh", ".c", ".h") else "#"
+    return line.split(marker, 1)[1] if marker in line else ""
+
+
 def harness_options():
     return set(re.findall(r'"(--[a-z][a-z0-9-]*)"', (ROOT / "common" / "harness.c").read_text()))
 
@@ -249,6 +263,15 @@ def main():
                     commits_known[sha] = git("cat-file", "-e", f"{sha}^{{commit}}").returncode == 0
                 if not commits_known[sha]:
                     problems.append(f"{where}: commit {sha} is not in the history")
+    # Code comments: the repository paths they name exist.
+    for source in tracked_sources():
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            for word in comment_text(source, line).split():
+                word = word.strip(".,;:()`'\"")
+                if PATH.match(word) and not any(t in word for t in ("<", "NN", "*")):  # not a template
+                    checked["paths"] += 1
+                    if not (ROOT / word).exists():
+                        problems.append(f"{source.relative_to(ROOT)}:{number}: {word}: no such file or directory")
     if shallow or not have_git:
         print("check_doc_references: no full git history here; commits not checked")
     for problem in problems:

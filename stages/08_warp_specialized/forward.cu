@@ -24,8 +24,9 @@
 #include "mma_ptx.cuh"
 #include "stage08.h"
 
-// The configuration, per head dim, chosen by measurement (lesson; plots/stage_variants.sh builds
-// the others); each number can be set with -D to rebuild the stage. An SM's registers sit in four
+// The configuration, per head dim, chosen by measurement (lesson; the ablation builds c3_b3 ...
+// c7_stages2 of stages/08_warp_specialized/ablations.txt are the others); each number can be set
+// with -D to rebuild the stage. An SM's registers sit in four
 // quarters, one per warp scheduler, and each warp takes all of its registers from one quarter, so
 // the cap per thread is set by the quarter with the most warps: a block of 7 consumers + 1
 // producer puts 2 warps on each quarter and lets every thread have 255 registers.
