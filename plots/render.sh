@@ -31,7 +31,7 @@ for profiles in plots/data/*_profiles.csv; do
     ceilings=plots/data/${slug}_ceilings.csv
     [ -f "$ceilings" ] && [ -f "plots/data/$slug.csv" ] || continue
     points=$(mktemp)
-    awk -F, -v profiles="$profiles" -v ceilings="$ceilings" -f plots/roofline.awk "plots/data/$slug.csv" >"$points"
+    python3 plots/tables.py --roofline "plots/data/$slug.csv" >"$points"
     read -r bandwidth tc simt < <(awk -F, '$2 == "copy_bandwidth" { b = $3 } $2 == "fp16_tensor_core_matmul" { t = $3 }
         $2 == "fp32_simt_matmul" { s = $3 } END { print b, t, s }' "$ceilings")
     gpu=$(awk -F, 'NR == 2 { print $1 }' "$ceilings")
@@ -48,4 +48,4 @@ for csv in plots/data/*_training.csv; do
     [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
     echo "render: $chart"
 done
-[ $check = 1 ] || bash plots/readme_table.sh --update
+[ $check = 1 ] || python3 plots/tables.py --update

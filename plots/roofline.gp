@@ -1,6 +1,6 @@
 # roofline.gp - every stage's forward pass against the GPU's measured ceilings (a roofline).
 # usage: gnuplot -e "data='FILE'; out='PNG'; gpu='NAME'; bandwidth=GBS; tc=TFLOPS; simt=TFLOPS" plots/roofline.gp
-# FILE holds plots/roofline.awk's lines: stage D intensity tflops ceiling percent bound.
+# FILE holds the lines of plots/tables.py --roofline: stage D intensity tflops ceiling percent bound.
 set terminal pngcairo size 1200,800 font "Sans,11" noenhanced
 set output out
 set title "Forward pass at S = 4096 (B = 4, H*D = 2048, non-causal) against the measured ceilings, " . gpu

@@ -1,7 +1,7 @@
 """Train one small decoder-only transformer several times on a copy task, with PyTorch's SDPA (flash
 backend; seeds 0, 1, 2 and 3) and with flash_stages (seeds 0 and 1: the same initial weights and
 data as SDPA's runs of those seeds), and write every logged step of every run to a CSV
-(plots/data/<gpu>_training.csv; plots/training.gp draws it, plots/readme_table.sh tables it). The
+(plots/data/<gpu>_training.csv; plots/training.gp draws it, plots/tables.py tables it). The
 SDPA runs of different seeds show how far the loss moves by chance alone: a flash_stages run
 trains as well as SDPA when its final loss lies within their spread.
 

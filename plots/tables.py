@@ -1,0 +1,623 @@
+#!/usr/bin/env python3
+"""tables.py - every measured table of the course, generated from the committed CSVs.
+
+    python3 plots/tables.py --update       rewrite the tables in README.md, the lessons, docs/ and
+                                           the report pages plots/<gpu>.md
+    python3 plots/tables.py --check        fail if any of them differs from what the CSVs give (a
+                                           CTest test, so a table never drifts from the data)
+    python3 plots/tables.py --report CSV OUT
+                                           every table of the README and the lessons from another
+                                           GPU's CSV (plots/data/<gpu>.csv), as one page OUT
+    python3 plots/tables.py --roofline CSV the roofline's points of that GPU, one line per stage and
+                                           D, for plots/roofline.gp
+
+A table lives in a Markdown file between <!-- measured:KEY:begin --> and <!-- measured:KEY:end -->;
+KEY is "course" (and "roofline", "training") in README.md and the stage's name, or the stage's name
+and a suffix, in a lesson. The H100's CSVs feed the README and the lessons; every GPU's CSV feeds
+its own report page. One CSV loader (read_csv), one sweep filter (on_sweep), one table writer
+(markdown_table) and one reader of stages/<stage>/ablations.txt (read_ablations) serve them all.
+"""
+
+import csv
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+H100 = "plots/data/h100.csv"
+SEQS = [512 * 2**i for i in range(6)]  # the sweep: S = 512 ... 16384
+CELLS = [(64, 0), (64, 1), (128, 0), (128, 1)]  # the D x causal columns of every sweep table
+CELL_HEADER = ["D=64", "D=64 causal", "D=128", "D=128 causal"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces.
+
+def read_csv(path):
+    """The rows of a committed CSV as dicts of strings, or [] where the file is missing."""
+    path = ROOT / path
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def companion(csv_path, kind):
+    """The same GPU's other CSV: plots/data/<gpu>_<kind>.csv."""
+    return str(csv_path)[: -len(".csv")] + f"_{kind}.csv"
+
+
+def num(row, column):
+    return float(row[column])
+
+
+def on_sweep(row):
+    """The FlashAttention papers' sweep: B*S = 16384 tokens, H*D = 2048."""
+    return int(row["batch"]) * int(row["seq"]) == 16384 and int(row["heads"]) * int(row["dim"]) == 2048
+
+
+def key_of(row):
+    """(stage, S, D, causal, direction) of a benchmark row."""
+    return row["stage"], int(row["seq"]), int(row["dim"]), int(row["causal"]), row["direction"]
+
+
+def commits(rows, column="commit"):
+    """The commits of the rows, in the order they first appear."""
+    return ", ".join(dict.fromkeys(row[column] for row in rows))
+
+
+def markdown_table(header, rows, align=None):
+    """Lines of a Markdown table; align: one '---' or '---:' per column (default: the first left,
+    the rest right)."""
+    align = align or ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def read_ablations(stage):
+    """stages/<stage>/ablations.txt: its builds (name, passes, what the build changes), the
+    sequence lengths the table shows ("# sequence lengths: ...", default 4096) and the PyTorch
+    peer it compares with ("# compare with: ..."), or None without the file."""
+    path = ROOT / "stages" / stage / "ablations.txt"
+    if not path.exists():
+        return None
+    builds, seqs, peer = [], [4096], ""
+    for line in path.read_text().splitlines():
+        if line.startswith("# sequence lengths:"):
+            seqs = [int(s) for s in line.split(":", 1)[1].split()]
+        elif line.startswith("# compare with:"):
+            peer = line.split(":", 1)[1].strip()
+        elif line.strip() and not line.startswith("#"):
+            fields = [f.strip() for f in line.split("|")]
+            builds.append({"name": fields[0], "passes": fields[1].split(), "what": fields[3]})
+    return {"builds": builds, "seqs": seqs, "peer": peer}
+
+
+def no_data(path, what="H100 measurements"):
+    return [f"_No {what} committed yet ({path})._"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The roofline: where each stage's forward pass sits against the GPU's measured ceilings.
+
+def roofline_points(csv_path):
+    """(stage, D, intensity, tflops, ceiling, percent, bound) per stage and D at S = 4096, B = 4,
+    H*D = 2048, non-causal: intensity in FLOPs (4 B H S^2 D) per byte of DRAM traffic that Nsight
+    Compute counted over the forward's kernels (plots/profiles.sh); ceiling the lower of the peak
+    of the units that compute QKᵀ (FP32 CUDA cores for stages 01-04, tensor cores from 05) and
+    intensity x copy bandwidth (plots/ceilings.py); bound what sets it. Stages without a profile
+    give none."""
+    ceilings = {row["ceiling"]: float(row["value"]) for row in read_csv(companion(csv_path, "ceilings"))}
+    bandwidth = ceilings.get("copy_bandwidth")  # GB/s
+    peak = {"simt": ceilings.get("fp32_simt_matmul"), "tc": ceilings.get("fp16_tensor_core_matmul")}
+    dram = {}
+    for row in read_csv(companion(csv_path, "profiles")):
+        if row["metric"] in ("dram__bytes_read.sum", "dram__bytes_write.sum") and not row["kernel"].startswith("backward"):
+            key = row["build"], int(row["dim"])
+            dram[key] = dram.get(key, 0.0) + float(row["value"])
+    points = []
+    for row in read_csv(csv_path):
+        stage, S, D, causal, direction = key_of(row)
+        if (direction != "fwd" or int(row["batch"]) != 4 or S != 4096 or causal or not on_sweep(row)
+                or not re.match(r"^\d\d_", stage) or bandwidth is None or dram.get((stage, D), 0) <= 0):
+            continue
+        intensity = 4 * int(row["batch"]) * int(row["heads"]) * S * S * D / dram[stage, D]
+        unit = "simt" if int(stage[:2]) <= 4 else "tc"
+        ceiling, bound = intensity * bandwidth / 1000, "bandwidth"
+        if peak[unit] is not None and peak[unit] < ceiling:
+            ceiling, bound = peak[unit], "tensor_cores" if unit == "tc" else "fp32_cores"
+        tflops = num(row, "tflops")
+        points.append((stage, D, f"{intensity:.1f}", f"{tflops:.3f}", f"{ceiling:.1f}",
+                       f"{100 * tflops / ceiling:.1f}", bound))
+    return points
+
+
+def roofline_table(csv_path):
+    profiles, ceilings = companion(csv_path, "profiles"), companion(csv_path, "ceilings")
+    if not (ROOT / profiles).exists() or not (ROOT / ceilings).exists():
+        return [f"_Not measured yet ({profiles}, {ceilings})._"]
+    rows = [(stage, D, intensity, f"{float(tflops):.1f}", f"{ceiling} ({bound.replace('_', ' ').replace('fp32', 'FP32')})",
+             percent) for stage, D, intensity, tflops, ceiling, percent, bound in roofline_points(csv_path)]
+    return ["Forward at S = 4096, B = 4, H*D = 2048, non-causal. Intensity: FLOPs per byte of DRAM traffic that",
+            f"Nsight Compute counted (`{profiles}`); TFLOP/s from `{csv_path}`; ceiling: the lower of the peak of",
+            "the units that compute QKᵀ (FP32 CUDA cores for 01–04, tensor cores from 05) and intensity × copy",
+            f"bandwidth (`{ceilings}`):", ""] + markdown_table(
+        ["stage", "D", "FLOP per DRAM byte", "TFLOP/s", "ceiling (TFLOP/s)", "% of ceiling"], rows,
+        ["---", "---:", "---:", "---:", "---:", "---:"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables of the benchmark's sweep.
+
+def course_table(csv_path):
+    """Each stage and peer: forward TFLOP/s at S = 4096 on the sweep, the small shape's latency,
+    and (with a profile) the % of the measured ceiling; then the backward at S = 4096."""
+    rows = read_csv(csv_path)
+    if not rows:
+        return no_data(csv_path)
+    percent = {(p[0], p[1]): p[5] for p in roofline_points(csv_path)}
+    fwd = [r for r in rows if r["direction"] == "fwd"]
+    tf, small = {}, {}
+    for r in fwd:
+        stage, S, D, causal, _ = key_of(r)
+        if on_sweep(r) and S == 4096:
+            tf[stage, D, causal] = f"{num(r, 'tflops'):.1f}"
+        if (int(r["batch"]), int(r["heads"]), S, D, causal) == (1, 8, 512, 64, 0):
+            small[stage] = f"{num(r, 'median_us'):.1f}"
+    names = list(dict.fromkeys(r["stage"] for r in fwd))
+    header = ["stage"] + CELL_HEADER + ["B=1 H=8 S=512 D=64 (us)"]
+    table = []
+    for n in names:
+        row = [n] + [tf.get((n, D, c), "-") for D, c in CELLS] + [small.get(n, "-")]
+        if percent:
+            row.append(f"{percent[n, 64]} / {percent[n, 128]}" if (n, 64) in percent else "-")
+        table.append(row)
+    if percent:
+        header.append("% of measured ceiling, D=64 / D=128")
+    lines = [f"Forward TFLOP/s at S = 4096 (B = 4, H*D = 2048) and latency of the small shape, {fwd[-1]['gpu']},",
+             f"from `{csv_path}` (commit {commits(fwd)}):", ""] + markdown_table(header, table)
+    bwd = [r for r in rows if r["direction"] == "bwd" and on_sweep(r) and int(r["seq"]) == 4096]
+    if not bwd:
+        return lines
+    btf = {(r["stage"], int(r["dim"]), int(r["causal"])): f"{num(r, 'tflops'):.1f}" for r in bwd}
+    table = [[n] + [btf.get((n, D, c), "-") for D, c in CELLS] for n in dict.fromkeys(r["stage"] for r in bwd)]
+    return lines + ["", "Backward TFLOP/s at S = 4096 (FLOPs 2.5x the forward):", ""] + markdown_table(
+        ["stage"] + CELL_HEADER, table)
+
+
+def stage_table(csv_path, stage, direction):
+    """A stage's TFLOP/s over the whole sweep in one direction, with SDPA flash's beside it."""
+    rows = read_csv(csv_path)
+    if not rows:
+        return no_data(csv_path)
+    tf, seqs, gpu = {}, set(), ""
+    for r in rows:
+        if r["direction"] == direction and on_sweep(r):
+            name, S, D, causal, _ = key_of(r)
+            if name in (stage, "sdpa_flash"):
+                tf[name, S, D, causal] = f"{num(r, 'tflops'):.2f}"
+                seqs.add(S)
+            gpu = r["gpu"]
+    if (stage, 4096, 64, 0) not in tf and (stage, 4096, 128, 0) not in tf:
+        return [f"_Not measured in `{csv_path}`._"]
+    name = "the H100" if "H100" in gpu else f"the {gpu}"
+    table = [[S] + [f"{tf.get((stage, S, D, c), 'skipped')} ({tf.get(('sdpa_flash', S, D, c), 'skipped')})"
+                    for D, c in CELLS] for S in SEQS if S in seqs]
+    return [f"{'Forward' if direction == 'fwd' else 'Backward'} TFLOP/s on {name} (B*S = 16384, H*D = 2048), "
+            f"from `{csv_path}`; in brackets PyTorch SDPA flash:", ""] + markdown_table(
+        ["S"] + CELL_HEADER, table, ["---:"] * 5)
+
+
+def ratio_table(csv_path, stage, peer, direction="fwd", first=2048):
+    """A stage's TFLOP/s over a peer's, shape by shape, from S = first on; the lowest in bold."""
+    rows = read_csv(csv_path)
+    if not rows:
+        return no_data(csv_path)
+    tf = {key_of(r)[:4]: num(r, "tflops") for r in rows
+          if r["direction"] == direction and on_sweep(r) and int(r["seq"]) >= first}
+    seqs = [S for S in SEQS if S >= first]
+    ratio = {(S, D, c): tf[stage, S, D, c] / tf[peer, S, D, c] for D, c in CELLS for S in seqs
+             if (stage, S, D, c) in tf and (peer, S, D, c) in tf}
+    lowest = min(ratio, key=ratio.get) if ratio else None  # the first of equal ratios
+    table = []
+    for D, c in sorted(CELLS, key=lambda cell: (cell[1], cell[0])):  # the masks, then D
+        cells = []
+        for S in seqs:
+            x = f"{ratio[S, D, c]:.3f}" if (S, D, c) in ratio else "-"
+            cells.append(f"**{x}**" if (S, D, c) == lowest else x)
+        table.append([f"D = {D}{' causal' if c else ''}"] + cells)
+    return [f"Ratios {stage} / {peer}, {'forward' if direction == 'fwd' else 'backward'}, from the same run "
+            f"(`{csv_path}`); the lowest in bold:", ""] + markdown_table(
+        [f"{stage} / {peer}", f"S = {seqs[0]}"] + [str(S) for S in seqs[1:]], table)
+
+
+def ablation_table(csv_path, stage):
+    """A stage's ablation builds (plots/ablations.sh): TFLOP/s at each sequence length its
+    ablations.txt names, of the stage as built and of each build with one idea switched off, with
+    the ratio to the stage as built; the previous stage's as-built row, and the PyTorch peer that
+    the file names, from the sweep of the same GPU's CSV."""
+    listed = read_ablations(stage)
+    if listed is None:
+        return None
+    path = companion(csv_path, "ablations")
+    rows = read_csv(path)
+    if not rows:
+        return [f"_No ablation measurements committed yet ({path})._"]
+    peer = listed["peer"]
+    tf = {}
+    if peer:  # the peer from the sweep, at each sequence length's sweep shape (B * S = 16384)
+        for r in read_csv(csv_path):
+            if r["stage"] == peer and int(r["batch"]) * int(r["seq"]) == 16384:
+                tf[key_of(r)] = num(r, "tflops")
+    for r in rows:
+        tf[key_of(r)] = num(r, "tflops")
+    previous = sorted(p.name for p in (ROOT / "stages").glob(f"{int(stage[:2]) - 1:02d}_*"))
+    previous = previous[0] if previous else ""
+    has_bwd = any("bwd" in b["passes"] for b in listed["builds"])
+
+    def cell(build, seq, direction, D, c):
+        if (build, seq, D, c, direction) not in tf:
+            return "-"
+        x = tf[build, seq, D, c, direction]
+        if build == stage or (stage, seq, D, c, direction) not in tf:
+            return f"{x:.1f}"
+        return f"{x:.1f} ({x / tf[stage, seq, D, c, direction]:.2f}x)"
+
+    def row(build, seq, label, direction, what=""):
+        return [label, direction, what] + [cell(build, seq, direction, D, c) for D, c in CELLS]
+
+    lines = []
+    for seq in listed["seqs"]:
+        table = [row(stage, seq, f"{stage} as built", "fwd")]
+        if has_bwd:
+            table.append(row(stage, seq, f"{stage} as built", "bwd"))
+        for b in listed["builds"]:
+            table += [row(f"{stage}.{b['name']}", seq, f"`.{b['name']}`", p, b["what"]) for p in b["passes"]]
+        if previous and (previous, seq, 64, 0, "fwd") in tf:
+            table.append(row(previous, seq, f"{previous} as built (previous stage)", "fwd"))
+        if peer:
+            table.append(row(peer, seq, f"{peer} (PyTorch)", "fwd"))
+            if has_bwd:
+                table.append(row(peer, seq, f"{peer} (PyTorch)", "bwd"))
+        if lines:
+            lines.append("")
+        lines += [f"TFLOP/s at S = {seq} (B = {16384 // seq}, H*D = 2048) on the {rows[-1]['gpu']}, one run of "
+                  f"`plots/ablations.sh` (commit {commits(rows)}), from `{path}`; in brackets the ratio to the "
+                  "stage as built" + (f" (for {peer}, from the sweep of the same run in `{csv_path}`)" if peer else "")
+                  + ":", ""]
+        lines += markdown_table(["build", "pass", "what the build changes"] + CELL_HEADER, table,
+                                ["---", "---", "---"] + ["---:"] * 4)
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables of Nsight Compute's metrics (plots/profiles.sh): gpu,build,kernel,dim,metric,value,unit,commit.
+
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(.*)_per_issue_active\.ratio$")
+
+
+def profile_table(csv_path, stage):
+    """The metrics the lessons quote, one column per profiled build, kernel and D of a stage."""
+    path = companion(csv_path, "profiles")
+    rows = read_csv(path)
+    if not rows:
+        return [f"_No profile committed yet ({path})._"]
+    rows = [r for r in rows if r["build"] == stage or r["build"].startswith(stage + ".")]
+    if not rows:
+        return [f"_No profile of {stage} in the committed CSV._"]
+    value, unit, stalls = {}, {}, {}
+    for r in rows:
+        key = r["build"], r["kernel"], r["dim"]
+        value[key, r["metric"]], unit[key, r["metric"]] = r["value"], r["unit"]
+        reason = STALL.match(r["metric"])
+        if reason and reason.group(1) != "selected":
+            stalls.setdefault(key, {})[reason.group(1)] = float(r["value"])
+    keys = list(dict.fromkeys((r["build"], r["kernel"], r["dim"]) for r in rows))
+
+    def cell(key, what):
+        def has(metric):
+            return (key, metric) in value
+        if what == "time":
+            if not has("gpu__time_duration.sum"):
+                return "-"
+            x, u = float(value[key, "gpu__time_duration.sum"]), unit[key, "gpu__time_duration.sum"]
+            return f"{x if u == 'msecond' else x / 1e3 if u == 'usecond' else x / 1e6:.2f}"
+        if what == "dram":
+            if not has("dram__bytes_read.sum"):
+                return "-"
+            written = float(value.get((key, "dram__bytes_write.sum"), 0))
+            return f"{(float(value[key, 'dram__bytes_read.sum']) + written) / 1e9:.2f}"
+        if what.startswith("stall"):  # the largest stall reasons, in cycles per issued instruction
+            ranked = sorted(stalls.get(key, {}).items(), key=lambda item: -item[1])
+            rank = int(what[-1])
+            return f"{ranked[rank - 1][0]} {ranked[rank - 1][1]:.2f}" if len(ranked) >= rank else "-"
+        if not has(what):
+            return "-"
+        x = float(value[key, what])
+        return f"{x / 1e6:.1f}" if what.endswith("sum") else f"{int(x)}" if what.startswith("launch__") else f"{x:.1f}"
+
+    metrics = [
+        ("duration under ncu (ms)", "time"),
+        ("compute (SM) throughput, % of peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+        ("memory throughput, % of peak", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
+        ("DRAM throughput, % of peak", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+        ("DRAM traffic (GB)", "dram"),
+        ("registers per thread", "launch__registers_per_thread"),
+        ("blocks per SM the registers allow", "launch__occupancy_limit_registers"),
+        ("blocks per SM the shared memory allows", "launch__occupancy_limit_shared_mem"),
+        ("theoretical occupancy, %", "sm__maximum_warps_per_active_cycle_pct"),
+        ("achieved occupancy, %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+        ("issue slots busy, %", "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+        ("FMA pipe active, %", "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
+        ("tensor (mma.sync) pipe active, %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+        ("shared-load wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"),
+        ("shared-load bank conflicts (M)", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
+        ("top stall, cycles per issued instruction", "stall1"),
+        ("second stall", "stall2"),
+    ]
+    columns = [("" if build == stage else f"`{build[len(stage):]}` ") + f"`{kernel}` D={dim}" for build, kernel, dim in keys]
+    slug = pathlib.Path(csv_path).stem
+    return [f"Nsight Compute on the {rows[-1]['gpu']} (`plots/profiles.sh`, commit {commits(rows)}), S = 4096, B = 4, "
+            f"H*D = 2048, non-causal; every kernel of one run. Full pages in `docs/profiles/{stage}_{slug}_ncu.txt`, "
+            f"metrics in `{path}`:", ""] + markdown_table(
+        ["metric"] + columns, [[label] + [cell(k, what) for k in keys] for label, what in metrics])
+
+
+def peer_profile_table(csv_path, *specs):
+    """A stage's kernels beside a PyTorch peer's, from the same Nsight Compute run: one column per
+    BUILD:KERNEL spec and D, KERNEL matched as a part of the kernel's name."""
+    path = companion(csv_path, "profiles")
+    rows = read_csv(path)
+    if not rows:
+        return [f"_No profile committed yet ({path})._"]
+    specs = [spec.split(":") for spec in specs]
+    value, name, dims, matched, gpu = {}, {}, set(), [[] for _ in specs], ""
+    for r in rows:
+        for i, (build, kernel) in enumerate(specs):
+            if r["build"] == build and kernel in r["kernel"]:
+                value[i, int(r["dim"]), r["metric"]] = float(r["value"])
+                name[i] = r["kernel"]
+                dims.add(int(r["dim"]))
+                matched[i].append(r)
+                gpu = r["gpu"]
+    if not {64, 128} <= dims:
+        return [f"_No profile of {' '.join(':'.join(s) for s in specs)} in the committed CSV._"]
+    columns = []
+    for D in (64, 128):
+        for i, (build, kernel) in enumerate(specs):
+            label = re.sub(r"^.*::", "", name[i])
+            columns.append(f"{build} `{label if len(label) <= 40 else kernel + '…'}` D={D}")
+
+    def shown(x, digits):  # counts (no digits) truncated, as C's %d
+        return str(int(x)) if digits == 0 else f"{x:.{digits}f}"
+
+    def row(label, metric, scale, digits):
+        return [label] + [shown(value[i, D, metric] / scale, digits) if (i, D, metric) in value else "-"
+                          for D in (64, 128) for i in range(len(specs))]
+
+    metrics = [("duration under ncu (ms)", "gpu__time_duration.sum", 1e6, 2),
+               ("grid (blocks)", "launch__grid_size", 1, 0),
+               ("threads per block", "launch__block_size", 1, 0),
+               ("shared memory per block (bytes)", "launch__shared_mem_per_block_dynamic", 1, 0),
+               ("registers per thread", "launch__registers_per_thread", 1, 0),
+               ("shared-load wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", 1e6, 1),
+               ("shared-store wavefronts (M)", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum", 1e6, 1),
+               ("L1 (shared memory) throughput, % of peak", "l1tex__throughput.avg.pct_of_peak_sustained_active", 1, 1),
+               ("tensor pipe active, %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 1, 1),
+               ("issue slots busy, %", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1, 1)]
+    runs = ", ".join(dict.fromkeys(f"{r['build']} at {r['commit']}" for rows_of_spec in matched for r in rows_of_spec))
+    return [f"Nsight Compute on the {gpu} (`plots/profiles.sh`; {runs}), S = 4096, B = 4, "
+            f"H*D = 2048, non-causal, one run of each program; metrics in `{path}`:", ""] + markdown_table(
+        ["metric"] + columns, [row(*m) for m in metrics])
+
+
+def occupancy_table(csv_path):
+    """Stage 04's experiment: stage 03, stage 03 with stage 04's shared memory per block (unused),
+    and stage 04; speed from the ablation run, resources and occupancy from the profile."""
+    ablations, profiles = companion(csv_path, "ablations"), companion(csv_path, "profiles")
+    rows, metrics = read_csv(ablations), read_csv(profiles)
+    if not rows or not metrics:
+        return [f"_Not measured yet ({ablations}, {profiles})._"]
+    m = {(r["build"], r["dim"], r["metric"]): r["value"] for r in metrics}
+    timed = [r for r in rows if r["direction"] == "fwd" and r["causal"] == "0"]
+    tf = {(r["stage"], r["dim"]): num(r, "tflops") for r in timed}
+
+    def get(build, D, metric):
+        return m.get((build, str(D), metric), "-")
+
+    table = []
+    for D in (64, 128):
+        for build in ("03_online_softmax", "03_online_softmax.smem_of_04", "04_smem_state"):
+            achieved = get(build, D, "sm__warps_active.avg.pct_of_peak_sustained_active")
+            table.append([build, D, f"{tf[build, str(D)]:.2f}" if (build, str(D)) in tf else "-",
+                          get(build, D, "launch__shared_mem_per_block_dynamic"), get(build, D, "launch__registers_per_thread"),
+                          f"{get(build, D, 'launch__occupancy_limit_registers')} / {get(build, D, 'launch__occupancy_limit_shared_mem')}",
+                          get(build, D, "sm__maximum_warps_per_active_cycle_pct"),
+                          f"{float(achieved):.1f}" if achieved != "-" else "-"])
+    return [f"On the {metrics[-1]['gpu']}: TFLOP/s at S = 4096, non-causal (`{ablations}`, commit {timed[-1]['commit']}); "
+            f"resources and occupancy from Nsight Compute (`{profiles}`):", ""] + markdown_table(
+        ["build", "D", "TFLOP/s", "shared memory per block (bytes)", "registers per thread",
+         "blocks per SM: registers / shared memory", "theoretical occupancy %", "achieved occupancy %"], table,
+        ["---", "---:", "---:", "---:", "---:", "---", "---:", "---:"])
+
+
+def ceilings_table(csv_path):
+    """The GPU's measured ceilings (plots/ceilings.py)."""
+    path = companion(csv_path, "ceilings")
+    rows = read_csv(path)
+    if not rows:
+        return no_data(path, "H100 ceilings")
+    return [f"Measured on the {rows[-1]['gpu']} by `plots/ceilings.py` (commit {rows[-1]['commit']}), from `{path}`:",
+            ""] + markdown_table(["ceiling", "value"], [[r["ceiling"], f"{r['value']} {r['unit']}"] for r in rows])
+
+
+# ---------------------------------------------------------------------------------------------
+# The training runs of python/examples/train.py (plots/data/<gpu>_training.csv).
+
+def training_table(csv_path):
+    """Per run: the loss at the last logged step, the mean of the last ten logged losses, the first
+    logged step below 0.01 nats and the median of the logged throughputs. Then whether each
+    flash_stages run's final loss and last-ten mean lie within the range of the SDPA runs (seeds
+    apart, the noise), compared at the 5 decimals shown, and its throughput over theirs."""
+    path = companion(csv_path, "training")
+    rows = read_csv(path)
+    if not rows:
+        return [f"_No training run committed yet ({path})._"]
+    runs = {}
+    for r in rows:
+        run = runs.setdefault(f"{r['run']} seed {r['seed']}", {"kernel": r["run"], "seed": r["seed"], "losses": [],
+                                                               "rates": [], "floor": None})
+        run["losses"].append(float(r["loss"]))
+        run["last_step"] = int(r["step"])
+        if run["floor"] is None and float(r["loss"]) < 0.01:
+            run["floor"] = r["step"]
+        if r["tokens_per_s"]:
+            run["rates"].append(float(r["tokens_per_s"]))
+    for run in runs.values():
+        rates = sorted(run["rates"])
+        half = len(rates) // 2
+        run["median"] = rates[half] if len(rates) % 2 else (rates[half - 1] + rates[half]) / 2 if rates else 0.0
+        run["last"], run["mean"] = f"{run['losses'][-1]:.5f}", f"{sum(run['losses'][-10:]) / 10:.5f}"
+    sdpa = [r for r in runs.values() if r["kernel"] == "sdpa_flash"]
+    ours = [r for r in runs.values() if r["kernel"] != "sdpa_flash"]
+
+    def described(group):
+        seeds = ", ".join(r["seed"] for r in group)
+        return f"{len(group)} run{'' if len(group) == 1 else 's'} (seed{' ' if len(group) == 1 else 's '}{seeds})"
+
+    line = f"One invocation of `python/examples/train.py` on the {rows[-1]['gpu']}, from `{path}`:"
+    if sdpa:
+        line += f" SDPA flash, {described(sdpa)}"
+    if ours:
+        line += f"{', and ' if sdpa else ' '}{ours[-1]['kernel']}, {described(ours)}"
+    lines = [line + "; runs of one seed start from the same weights and see the same data:", ""] + markdown_table(
+        ["run", "loss at the last step", "mean of the last 10 logged losses", "first logged step below 0.01",
+         "median tokens/s"],
+        [[name, f"{r['last']} (step {r['last_step']})", r["mean"], r["floor"] or "-", f"{r['median']:.0f}"]
+         for name, r in runs.items()])
+    if not sdpa or not ours:
+        return lines
+
+    def verdict(x, values):  # compared as the table shows them
+        lo, hi = min(values, key=float), max(values, key=float)
+        where = "outside (below)" if float(x) < float(lo) else "outside (above)" if float(x) > float(hi) else "within"
+        return f"{x}, {where} the range of the SDPA runs, {lo}..{hi}"
+
+    lines.append("")
+    for name, r in runs.items():
+        if r["kernel"] == "sdpa_flash":
+            continue
+        ratios = [r["median"] / s["median"] for s in sdpa]
+        speed = f"{min(ratios):.3f}x" if min(ratios) == max(ratios) else f"{min(ratios):.3f}x..{max(ratios):.3f}x"
+        lines.append(f"- {name}: loss at the last step {verdict(r['last'], [s['last'] for s in sdpa])}; mean of the "
+                     f"last 10 logged losses {verdict(r['mean'], [s['mean'] for s in sdpa])}. Throughput {speed} over "
+                     "SDPA flash.")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the tables go.
+
+def lessons():
+    return sorted((ROOT / "stages").glob("*/README.md"))
+
+
+def report_page(csv_path):
+    """Every table of the README and the lessons, from another GPU's CSV, as one page."""
+    gpu = read_csv(csv_path)[0]["gpu"]
+    lines = [f"# The course on the {gpu}", "",
+             f"Generated by `plots/tables.py --report` from `{csv_path}`: the tables of the",
+             "[course README](../README.md) and of each lesson, from this GPU's own run of",
+             "`cmake --workflow --preset bench`. The lessons' prose discusses the H100's numbers.", "",
+             "## All stages", ""] + course_table(csv_path)
+    if (ROOT / companion(csv_path, "profiles")).exists() and (ROOT / companion(csv_path, "ceilings")).exists():
+        lines += [""] + roofline_table(csv_path)
+    for lesson in lessons():
+        stage = lesson.parent.name
+        lines += ["", f"## [{stage}](../{lesson.relative_to(ROOT)})", ""] + stage_table(csv_path, stage, "fwd")
+        if f"<!-- measured:{stage}:bwd:begin -->" in lesson.read_text():
+            lines += [""] + stage_table(csv_path, stage, "bwd")
+        ablations = ablation_table(csv_path, stage)
+        if ablations and (ROOT / companion(csv_path, "ablations")).exists():
+            lines += [""] + ablations
+        if (ROOT / companion(csv_path, "profiles")).exists():
+            lines += [""] + profile_table(csv_path, stage)
+    return "\n".join(lines) + "\n"
+
+
+def blocks():
+    """(file, key, table lines) of every table of the README, docs and lessons (the H100's)."""
+    yield "README.md", "course", course_table(H100)
+    yield "docs/h100.md", "ceilings", ceilings_table(H100)
+    yield "stages/04_smem_state/README.md", "04_smem_state:occupancy", occupancy_table(H100)
+    yield ("stages/07_swizzle_cp_async/README.md", "07_swizzle_cp_async:vs_flash",
+           ratio_table(H100, "07_swizzle_cp_async", "sdpa_flash"))
+    yield ("stages/09_tma_wgmma/README.md", "09_tma_wgmma:vs_cudnn",
+           ratio_table(H100, "09_tma_wgmma", "sdpa_cudnn", "fwd", 1024))
+    yield ("stages/09_tma_wgmma/README.md", "09_tma_wgmma:bwd_vs_cudnn",
+           ratio_table(H100, "09_tma_wgmma", "sdpa_cudnn", "bwd", 2048))
+    yield ("stages/08_warp_specialized/README.md", "08_warp_specialized:vs_flash_profile",
+           peer_profile_table(H100, "08_warp_specialized:backward_dk_dv", "sdpa_flash:flash_bwd_dq_dk_dv"))
+    yield ("stages/09_tma_wgmma/README.md", "09_tma_wgmma:vs_cudnn_profile",
+           peer_profile_table(H100, "09_tma_wgmma:backward_dk_dv", "09_tma_wgmma.deterministic_dq:backward_dk_dv",
+                              "09_tma_wgmma.deterministic_dq:backward_dq", "sdpa_cudnn:flash_bprop"))
+    yield "README.md", "roofline", roofline_table(H100)
+    yield "README.md", "training", training_table(H100)
+    yield "python/README.md", "training", training_table(H100)
+    for lesson in lessons():
+        stage, path = lesson.parent.name, str(lesson.relative_to(ROOT))
+        yield path, stage, stage_table(H100, stage, "fwd")
+        yield path, f"{stage}:bwd", stage_table(H100, stage, "bwd")
+        yield path, f"{stage}:ablations", ablation_table(H100, stage) or []
+        yield path, f"{stage}:profile", profile_table(H100, stage)
+
+
+def with_block(text, key, lines):
+    """text with the lines between KEY's markers replaced by `lines`; text itself without them."""
+    begin, end = f"<!-- measured:{key}:begin -->", f"<!-- measured:{key}:end -->"
+    if begin not in text:
+        return text
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + begin + "\n" + "\n".join(lines) + "\n" + end + tail
+
+
+def bench_csvs():
+    """The benchmark's CSVs, plots/data/<gpu>.csv, without the others that share the folder."""
+    return sorted(f"plots/data/{p.name}" for p in (ROOT / "plots" / "data").glob("*.csv")
+                  if not re.search(r"_(ceilings|ablations|profiles|training)\.csv$", p.name))
+
+
+def main(argv):
+    mode = argv[1] if len(argv) > 1 else ""
+    if mode == "--report" and len(argv) == 4:
+        pathlib.Path(argv[3]).write_text(report_page(argv[2]))
+        return 0
+    if mode == "--roofline" and len(argv) == 3:
+        for point in roofline_points(argv[2]):
+            print(" ".join(str(x) for x in point))
+        return 0
+    if mode not in ("--update", "--check"):
+        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        return 2
+    texts, status = {}, 0
+    for path, key, lines in blocks():
+        if path not in texts:
+            texts[path] = (ROOT / path).read_text()
+        texts[path] = with_block(texts[path], key, lines)
+    for data in bench_csvs():
+        texts[f"plots/{pathlib.Path(data).stem}.md"] = report_page(data)
+    for path, text in texts.items():
+        if mode == "--update":
+            (ROOT / path).write_text(text)
+        elif not (ROOT / path).exists() or (ROOT / path).read_text() != text:
+            print(f"tables: the measured tables of {path} differ from the CSVs; run python3 plots/tables.py --update",
+                  file=sys.stderr)
+            status = 1
+    if mode == "--check" and status == 0:
+        print("tables: README, lesson tables and report pages match plots/data")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
