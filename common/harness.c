@@ -388,7 +388,7 @@ int main(int argc, char **argv) {
     attn_shape *shape = &opt.shape;
     uint16_t *host[N_TENSORS] = {NULL};  // fp16 bits, in TENSOR_NAMES order
     if (opt.backward && !STAGE.backward) {
-        fprintf(stderr, "%s: --backward: this stage has a forward pass only (stages 08 and 09 have both)\n",
+        fprintf(stderr, "%s: --backward: this stage has a forward pass only (a stage with a backward.cu has both)\n",
                 program_name);
         return EXIT_UNSUPPORTED;
     }

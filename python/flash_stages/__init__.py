@@ -30,17 +30,27 @@ def stages():
     return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a) for s in _library.load_stages().values()]
 
 
+def _runs_on(stage, capability):
+    """Whether a stage's kernels run on a GPU of this compute capability: sm_90a code needs 9.0."""
+    return not stage.needs_sm90a or capability == (9, 0)
+
+
 @functools.lru_cache(maxsize=None)
 def _default_stage(device_index):
-    found = _library.load_stages()
-    if "09_tma_wgmma" in found and torch.cuda.get_device_capability(device_index) == (9, 0):
-        return "09_tma_wgmma"
-    return "08_warp_specialized"
+    # The course's order is its order of speed: the last stage with a backward pass that runs here.
+    if not _library.load_stages():
+        _stage(None)  # raises: no stage libraries, and where they were looked for
+    capability = torch.cuda.get_device_capability(device_index)
+    trainable = [s.name for s in _library.load_stages().values() if s.has_backward and _runs_on(s, capability)]
+    if not trainable:
+        raise RuntimeError("flash_stages: no stage with a backward pass runs on this GPU")
+    return trainable[-1]
 
 
 def default_stage(device=None):
-    """The fastest stage this GPU runs: 09_tma_wgmma on an H100/H200 (compute capability 9.0),
-    08_warp_specialized on every other GPU from sm_80."""
+    """The fastest stage this GPU runs: the last one in course order with a backward pass whose
+    kernels run here (09_tma_wgmma on an H100/H200, compute capability 9.0; 08_warp_specialized on
+    every other GPU from sm_80)."""
     if device is None:
         return _default_stage(torch.cuda.current_device())
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -199,8 +209,9 @@ def attention(q, k, v, causal=False, scale=None, stage=None):
     name = default_stage(q.device) if stage is None else stage
     st = _stage(name)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and not st.has_backward:
+        trainable = ", ".join(s.name for s in _library.load_stages().values() if s.has_backward)
         raise RuntimeError(f"flash_stages.attention: stage {name} has a forward pass only, and a gradient is "
-                           f"required; use 08_warp_specialized or 09_tma_wgmma, or run under torch.no_grad()")
+                           f"required; use one of {trainable}, or run under torch.no_grad()")
     dim = q.shape[-1]
     if scale is not None and scale != 1.0 / math.sqrt(dim):
         q = q * (scale * math.sqrt(dim))
