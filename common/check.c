@@ -326,21 +326,14 @@ check_bwd_result check_backward(const attn_shape *shape, const float *q, const f
     }
 
     // Many heads (short rows, or many heads sampled): one head per thread at a time. Few: one head
-    // after another, each with its rows spread over the threads. Either way each thread's work is
-    // large next to starting a parallel region, which is slow where the cores are shared.
+    // after another on this thread, each with its rows spread over the threads. Either way each
+    // thread's work is large next to starting a parallel region, which is slow where the cores
+    // are shared.
     double err_sq[3] = {0, 0, 0}, ref_sq[3] = {0, 0, 0};
-    if (heads >= 4 * omp_threads()) {
-        OMP_PARALLEL
-        {
-            head_scratch h = head_scratch_alloc(S, D, rows_per_head);
-            OMP_FOR_DYNAMIC
-            for (int hc = 0; hc < heads; hc++)
-                check_backward_head(shape, q, k, v, d_o, grads, pick_head(B * H, heads, hc), full, rows_per_head,
-                                    &h, r, err_sq, ref_sq);
-            head_scratch_free(&h);
-        }
-    } else {
+    OMP_PARALLEL_IF(heads >= 4 * omp_threads())
+    {
         head_scratch h = head_scratch_alloc(S, D, rows_per_head);
+        OMP_FOR_DYNAMIC
         for (int hc = 0; hc < heads; hc++)
             check_backward_head(shape, q, k, v, d_o, grads, pick_head(B * H, heads, hc), full, rows_per_head, &h,
                                 r, err_sq, ref_sq);

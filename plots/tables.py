@@ -19,6 +19,7 @@ its own report page. One CSV loader (read_csv), one sweep filter (on_sweep), one
 """
 
 import csv
+import functools
 import pathlib
 import re
 import sys
@@ -33,8 +34,10 @@ CELL_HEADER = ["D=64", "D=64 causal", "D=128", "D=128 causal"]
 # ---------------------------------------------------------------------------------------------
 # Shared pieces.
 
+@functools.lru_cache(maxsize=None)
 def read_csv(path):
-    """The rows of a committed CSV as dicts of strings, or [] where the file is missing."""
+    """The rows of a committed CSV as dicts of strings, or [] where the file is missing; read once,
+    and shared by the tables (none changes them)."""
     path = ROOT / path
     if not path.exists():
         return []
