@@ -297,16 +297,6 @@ __device__ inline void store_rows(__half *dst, const float acc[D / 2], float fac
     }
 }
 
-// Zeroes the entries of a 64 x 64 accumulator that this thread holds (rows g and g + 8 of its
-// warp's 16, as in store_rows) in rows from `limit` on; row_g is the thread's row g.
-__device__ inline void zero_rows_from(float acc[32], int row_g, int limit) {
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (row_g + (e < 2 ? 0 : 8) >= limit) acc[4 * j + e] = 0.0f;
-}
-
 // The 16-row half-pairs of an fp16 A operand (pack_a_frags) are the values of dSᵀ this thread
 // holds: frag[kk][i] is row g + 8 (i % 2) of the warp's 16, columns 16 kk + 8 (i / 2) + 2t, +1.
 // They go to a 128-byte-swizzled [rows][64] tile at the warp's first row (ds_row0): 16-byte chunk
@@ -440,7 +430,11 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             fence_operands<32>(st_acc);
             if (kOverlap && tile > 0) release(tile - 1);
             // Pᵀ in place. A key after its query (causal) is masked only in the tiles that reach
-            // the block's keys; queries past S have lse = infinity, so P = 0 there already.
+            // the block's keys; queries past S have lse = infinity, so P = 0 there already. Keys
+            // past S (KEYS_PAST_S, in a head's last key block) have the zero rows of K that TMA
+            // fills in, so their scores are 0 and P = 2^-lse, which overflows fp16 wherever a
+            // row's scores are all below about -11: dQ += dS K would turn that Inf times the zero
+            // row into NaN, so they are masked too.
             const bool diagonal = causal && q_start < k0 + BWD_OWN;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -449,13 +443,9 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 for (int e = 0; e < 4; e++) {
                     const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
                     const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - (e & 1 ? lse_pair.y : lse_pair.x));
-                    st_acc[4 * j + e] = diagonal && key > query ? 0.0f : p;
+                    st_acc[4 * j + e] = (diagonal && key > query) || (KEYS_PAST_S && key >= S) ? 0.0f : p;
                 }
             }
-            // A head's last key block: its keys past S have the zero rows of K that TMA fills in,
-            // so their scores are 0 and P = 2^-lse, which overflows fp16 wherever a row's scores
-            // are all below about -11; dQ += dS K would turn that Inf times the zero row into NaN.
-            if (KEYS_PAST_S && k0 + BWD_OWN > S) zero_rows_from(st_acc, warp_key0 + g, S);
             wgmma_wait<0>();
             fence_operands<32>(dpt_acc);
             // dSᵀ = Pᵀ ∘ (dPᵀ - D), in place.
