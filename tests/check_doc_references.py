@@ -37,7 +37,7 @@ def tracked_markdown():
     out = git("ls-files", "*.md")
     if out.returncode != 0:  # not a git checkout: every Markdown file outside build trees
         return sorted(p for p in ROOT.rglob("*.md") if "build" not in p.relative_to(ROOT).parts)
-    return [ROOT / line for line in out.stdout.split() if line]
+    return [ROOT / line for line in out.stdout.split() if line and (ROOT / line).exists()]  # deleted, not yet committed
 
 
 def slug(heading):
@@ -180,7 +180,7 @@ def tracked_sources():
     """The tracked code files whose comments may name repository paths."""
     out = git("ls-files", "*.cu", "*.cuh", "*.c", "*.h", "*.sh", "*.py", "*.awk", "*.gp", "*.cmake",
               "CMakeLists.txt", ".ci/run")
-    return [ROOT / line for line in out.stdout.split() if line] if out.returncode == 0 else []
+    return [ROOT / line for line in out.stdout.split() if line and (ROOT / line).exists()] if out.returncode == 0 else []
 
 
 def comment_text(path, line):
