@@ -38,7 +38,15 @@ typedef struct {
                             // on entry; nothing in it outlives the call.
 } attn_tensors;
 
-typedef struct {
+// The fields a stage leaves out of its table (C++ designated initializers, in this order) are
+// NULL or 0: every stage states the first six, and a forward-only stage, which needs nothing
+// else, stops there.
+#ifdef __cplusplus
+#define ATTN_OPTIONAL = 0
+#else
+#define ATTN_OPTIONAL
+#endif
+typedef struct attn_stage {
     const char *name;  // directory name, e.g. "03_online_softmax"
     const char *idea;  // one line, printed by --help
     // NULL when the stage can run `shape`, otherwise a sentence that says why not.
@@ -51,21 +59,23 @@ typedef struct {
     size_t (*shared_bytes)(const attn_shape *shape);
     // Enqueue the forward pass on `stream`; returns the launch error, if any.
     cudaError_t (*forward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
+
+    // Optional from here on.
     // Enqueue the backward pass (dQ, dK, dV from Q, K, V, O, dO and whatever the forward left in
     // the workspace, with backward_scratch for its temporaries); NULL for the forward-only stages.
-    cudaError_t (*backward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream);
-    // 1 when the kernels use sm_90a instructions (wgmma, setmaxnreg): they run on compute
-    // capability 9.0 (H100, H200) only, and the harness skips other GPUs with a message.
-    int needs_sm90a;
+    cudaError_t (*backward)(const attn_shape *shape, const attn_tensors *t, cudaStream_t stream) ATTN_OPTIONAL;
     // Device memory the backward pass needs for itself, apart from the workspace (NULL or 0 for
-    // none; NULL in the forward-only stages). Kept apart so that the workspace, which lives from
-    // the forward to the backward (in PyTorch, saved with the graph), holds only what the backward
-    // reads, and the backward never writes it.
-    size_t (*backward_scratch_bytes)(const attn_shape *shape);
+    // none). Kept apart so that the workspace, which lives from the forward to the backward (in
+    // PyTorch, saved with the graph), holds only what the backward reads, and the backward never
+    // writes it.
+    size_t (*backward_scratch_bytes)(const attn_shape *shape) ATTN_OPTIONAL;
     // Device memory the forward pass needs for itself during the call (NULL or 0 for none): apart
     // from the workspace for the same reason, and per call, so that forwards on two streams at
     // once never share it.
-    size_t (*forward_scratch_bytes)(const attn_shape *shape);
+    size_t (*forward_scratch_bytes)(const attn_shape *shape) ATTN_OPTIONAL;
+    // 1 when the kernels use sm_90a instructions (wgmma, setmaxnreg): they run on compute
+    // capability 9.0 (H100, H200) only, and the harness skips other GPUs with a message.
+    int needs_sm90a ATTN_OPTIONAL;
 } attn_stage;
 
 // Defined by the stage being built into this executable.

@@ -37,9 +37,9 @@ class _StageTable(ctypes.Structure):
         ("shared_bytes", _BYTES),
         ("forward", _LAUNCH),
         ("backward", _LAUNCH),
-        ("needs_sm90a", ctypes.c_int),
         ("backward_scratch_bytes", _BYTES),
         ("forward_scratch_bytes", _BYTES),
+        ("needs_sm90a", ctypes.c_int),
     ]
 
 

@@ -100,14 +100,10 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 }
 
 extern "C" const attn_stage STAGE = {
-    "01_naive_3pass",
-    "three kernels: S = scale*QK^T to global memory, softmax in place, O = PV",
-    unsupported_head_dim,
-    scores_bytes,
-    no_shared_memory,
-    forward,
-    NULL,  // forward only
-    0,     // any GPU from sm_80
-    NULL,  // no backward scratch
-    NULL,  // no forward scratch
+    .name = "01_naive_3pass",
+    .idea = "three kernels: S = scale*QK^T to global memory, softmax in place, O = PV",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = scores_bytes,
+    .shared_bytes = no_shared_memory,
+    .forward = forward,
 };

@@ -105,14 +105,10 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 }
 
 extern "C" const attn_stage STAGE = {
-    "03_online_softmax",
-    "online softmax: one pass over K/V tiles, per-row max, sum and O accumulator in registers",
-    unsupported_head_dim,
-    no_workspace,
-    layout_shared_bytes<Layout>,
-    forward,
-    NULL,  // forward only
-    0,     // any GPU from sm_80
-    NULL,  // no backward scratch
-    NULL,  // no forward scratch
+    .name = "03_online_softmax",
+    .idea = "online softmax: one pass over K/V tiles, per-row max, sum and O accumulator in registers",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = no_workspace,
+    .shared_bytes = layout_shared_bytes<Layout>,
+    .forward = forward,
 };

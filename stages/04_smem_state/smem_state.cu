@@ -118,14 +118,10 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 }
 
 extern "C" const attn_stage STAGE = {
-    "04_smem_state",
-    "stage 03 with the per-row max, sum and O accumulator in shared memory instead of registers",
-    unsupported_head_dim,
-    no_workspace,
-    layout_shared_bytes<Layout>,
-    forward,
-    NULL,  // forward only
-    0,     // any GPU from sm_80
-    NULL,  // no backward scratch
-    NULL,  // no forward scratch
+    .name = "04_smem_state",
+    .idea = "stage 03 with the per-row max, sum and O accumulator in shared memory instead of registers",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = no_workspace,
+    .shared_bytes = layout_shared_bytes<Layout>,
+    .forward = forward,
 };

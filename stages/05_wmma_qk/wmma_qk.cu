@@ -143,14 +143,10 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 }
 
 extern "C" const attn_stage STAGE = {
-    "05_wmma_qk",
-    "S = QK^T on the tensor cores (WMMA, K read column-major), softmax and scalar PV as stage 04",
-    unsupported_head_dim,
-    no_workspace,
-    layout_shared_bytes<Layout>,
-    forward,
-    NULL,  // forward only
-    0,     // any GPU from sm_80
-    NULL,  // no backward scratch
-    NULL,  // no forward scratch
+    .name = "05_wmma_qk",
+    .idea = "S = QK^T on the tensor cores (WMMA, K read column-major), softmax and scalar PV as stage 04",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = no_workspace,
+    .shared_bytes = layout_shared_bytes<Layout>,
+    .forward = forward,
 };

@@ -190,14 +190,10 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 }
 
 extern "C" const attn_stage STAGE = {
-    "06_wmma_pv",
-    "both products on the tensor cores (WMMA); O in accumulator fragments, rescaled by a row map",
-    unsupported_head_dim,
-    no_workspace,
-    layout_shared_bytes<Layout>,
-    forward,
-    NULL,  // forward only
-    0,     // any GPU from sm_80
-    NULL,  // no backward scratch
-    NULL,  // no forward scratch
+    .name = "06_wmma_pv",
+    .idea = "both products on the tensor cores (WMMA); O in accumulator fragments, rescaled by a row map",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = no_workspace,
+    .shared_bytes = layout_shared_bytes<Layout>,
+    .forward = forward,
 };

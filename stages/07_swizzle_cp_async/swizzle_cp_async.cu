@@ -257,14 +257,10 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 }
 
 extern "C" const attn_stage STAGE = {
-    "07_swizzle_cp_async",
-    "ldmatrix + mma.sync with S and P in registers, XOR-swizzled tiles, a 2-stage cp.async ring",
-    unsupported_head_dim,
-    no_workspace,
-    layout_shared_bytes<Layout>,
-    forward,
-    NULL,  // forward only
-    0,     // any GPU from sm_80
-    NULL,  // no backward scratch
-    NULL,  // no forward scratch
+    .name = "07_swizzle_cp_async",
+    .idea = "ldmatrix + mma.sync with S and P in registers, XOR-swizzled tiles, a 2-stage cp.async ring",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = no_workspace,
+    .shared_bytes = layout_shared_bytes<Layout>,
+    .forward = forward,
 };

@@ -381,15 +381,13 @@ static size_t shared_bytes(const attn_shape *s) {
 }
 
 extern "C" const attn_stage STAGE = {
-    "08_warp_specialized",
-    "a producer warp (cp.async) and consumer warps (mma.sync) hand a K/V ring over with mbarriers; "
-    "FlashAttention-2 backward",
-    unsupported_head_dim,
-    lse_workspace_bytes,
-    shared_bytes,
-    forward,
-    stage08_backward,
-    0,  // any GPU from sm_80
-    stage08_backward_scratch_bytes,
-    NULL,  // no forward scratch
+    .name = "08_warp_specialized",
+    .idea = "a producer warp (cp.async) and consumer warps (mma.sync) hand a K/V ring over with mbarriers; "
+        "FlashAttention-2 backward",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = lse_workspace_bytes,
+    .shared_bytes = shared_bytes,
+    .forward = forward,
+    .backward = stage08_backward,
+    .backward_scratch_bytes = stage08_backward_scratch_bytes,
 };

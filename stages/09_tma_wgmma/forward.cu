@@ -817,15 +817,15 @@ static size_t shared_bytes(const attn_shape *s) {
 static size_t forward_scratch_bytes(const attn_shape *) { return kDynamicSchedule ? sizeof(int) : 0; }
 
 extern "C" const attn_stage STAGE = {
-    "09_tma_wgmma",
-    "producer warpgroup (TMA) and consumer warpgroups (wgmma) with mbarrier hand-off; FlashAttention-2 "
-    "backward (dK/dV and dQ kernels)",
-    unsupported_head_dim,
-    lse_workspace_bytes,
-    shared_bytes,
-    stage09_forward,
-    stage09_backward,
-    1,  // wgmma, setmaxnreg: sm_90a
-    stage09_backward_scratch_bytes,
-    forward_scratch_bytes,
+    .name = "09_tma_wgmma",
+    .idea = "producer warpgroup (TMA) and consumer warpgroups (wgmma) with mbarrier hand-off; FlashAttention-2 "
+        "backward (dK/dV and dQ kernels)",
+    .unsupported = unsupported_head_dim,
+    .workspace_bytes = lse_workspace_bytes,
+    .shared_bytes = shared_bytes,
+    .forward = stage09_forward,
+    .backward = stage09_backward,
+    .backward_scratch_bytes = stage09_backward_scratch_bytes,
+    .forward_scratch_bytes = forward_scratch_bytes,
+    .needs_sm90a = 1,  // wgmma, setmaxnreg: compute capability 9.0 only
 };
