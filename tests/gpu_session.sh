@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu_session.sh [test|quick|ablations|bench|all] - what one call on a lent GPU machine runs: build
-# for the local GPU, then
+# (for the local GPU: CMakeLists.txt finds it), then
 #   test:     every CTest test (the hard inputs and many heads among them: labels hard and
 #             many_heads), and compute-sanitizer memcheck, racecheck and synccheck on a small odd
 #             causal shape per stage, forward and backward;
@@ -18,9 +18,8 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
 nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
 
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
-    -DFLASH_STAGES_ABLATION_BUILDS=ON >"$out/build.log" 2>&1 &&
-    cmake --build build-gpu -j 16 >>"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASH_STAGES_ABLATION_BUILDS=ON >"$out/build.log" 2>&1 &&
+    cmake --build build-gpu >>"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
 stages=$(ls build-gpu/bin | grep -v '\.')  # the stages, not their ablation builds (<stage>.<name>)
 
 run_tests() {
