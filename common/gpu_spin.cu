@@ -1,6 +1,6 @@
 // The pause before every timed run: one thread keeps the GPU busy for about `cycles` SM clock
 // cycles, as torch.cuda._sleep does before each timed run of PyTorch's backends
-// (plots/sdpa_peers.py), so that the stages and their peers are timed under the same conditions.
+// (plots/peers.py), so that the stages and their peers are timed under the same conditions.
 #include "gpu_spin.h"
 
 __global__ void spin_kernel(long long cycles) {

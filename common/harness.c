@@ -46,7 +46,7 @@ enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU 
 #define TIME_BUDGET_S 2.0
 #define MIN_TIMED_RUNS 5
 // The GPU spins this many cycles (~1 ms at the H100's clock) after the flush and before each timed
-// run: the same pause plots/sdpa_peers.py gives PyTorch's backends, whose host dispatch needs it.
+// run: the same pause plots/peers.py gives PyTorch's backends, whose host dispatch needs it.
 // plots/cuda_timing.py reads these constants and the --warmup and --iters defaults from this file.
 #define SPIN_CYCLES 2000000LL
 
@@ -352,7 +352,7 @@ static timing time_pass(attn_pass pass, const options *opt, const attn_tensors *
 }
 
 // One row per measurement; the header is written when the file is new or empty. The peer script
-// (plots/sdpa_peers.py) writes the same columns.
+// (plots/peers.py) writes the same columns.
 #define CSV_HEADER \
     "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us\n"
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU (the forward, then the
-# backward of the stages that have one), then the PyTorch SDPA peers (forward and backward), the
-# stages' ablation builds (plots/ablations.sh) and the GPU's ceilings; write plots/data/<gpu>.csv,
-# <gpu>_ablations.csv and <gpu>_ceilings.csv and render the charts. Run it through `cmake --workflow --preset bench` (README), which builds first and sets
-# FLASH_STAGES_BIN.
+# backward of the stages that have one), then the peers (plots/peers.py: PyTorch's SDPA backends,
+# forward and backward, and FlashAttention-3 where it can be imported), the stages' ablation
+# builds (plots/ablations.sh) and the GPU's ceilings; write plots/data/<gpu>.csv,
+# <gpu>_ablations.csv and <gpu>_ceilings.csv and render the charts. Run it through
+# `cmake --workflow --preset bench` (README), which builds first and sets FLASH_STAGES_BIN.
 #
 # Each measurement is checked against the float64 reference before it is timed; a stage that
 # cannot run a shape (memory, or unsupported) says so and the sweep goes on. Exit status is
@@ -54,9 +55,9 @@ for pass in forward backward; do
     done
 done
 
-echo "bench: PyTorch SDPA peers on the same shapes, forward and backward"
-python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
-python3 plots/sdpa_peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
+echo "bench: the peers on the same shapes (plots/peers.py), forward and backward"
+python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
+python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
 echo "bench: the ablation builds at S = 4096 (plots/ablations.sh)"
 bash plots/ablations.sh "${stages[@]}" || failures=$((failures + 1))
 echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"

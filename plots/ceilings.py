@@ -11,20 +11,15 @@ import argparse
 import os
 import sys
 
-from cuda_timing import median_ms
+from cuda_timing import median_ms, torch_on_gpu
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv", required=True)
     args = parser.parse_args()
-    try:
-        import torch
-    except ImportError as e:
-        print(f"ceilings: PyTorch not available ({e}); skipped")
-        return 0
-    if not torch.cuda.is_available():
-        print("ceilings: no CUDA device visible to PyTorch; skipped")
+    torch = torch_on_gpu("ceilings", "skipped")
+    if torch is None:
         return 0
     gpu = torch.cuda.get_device_properties(0).name.replace(",", " ")
     commit = os.environ.get("FLASH_STAGES_COMMIT", "unknown")

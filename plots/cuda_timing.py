@@ -1,5 +1,5 @@
-"""The timing loop plots/sdpa_peers.py and plots/ceilings.py share: the harness's rules in Python;
-and the harness's timing constants, read from common/harness.c so that sdpa_peers.py times the
+"""The timing loop plots/peers.py and plots/ceilings.py share: the harness's rules in Python;
+and the harness's timing constants, read from common/harness.c so that peers.py times the
 PyTorch backends by the same numbers as the stages.
 Run directly, prints those constants (a CPU test: it fails if they can no longer be found)."""
 import os
@@ -31,6 +31,20 @@ def harness_timing(path=HARNESS_C):
 
 
 HARNESS = harness_timing()
+
+
+def torch_on_gpu(tool, skipped):
+    """PyTorch, where it is installed and sees a CUDA device; else None, after a line that says
+    which is missing and `skipped` (what the tool does without it)."""
+    try:
+        import torch
+    except ImportError as e:
+        print(f"{tool}: PyTorch not available ({e}); {skipped}")
+        return None
+    if not torch.cuda.is_available():
+        print(f"{tool}: no CUDA device visible to PyTorch; {skipped}")
+        return None
+    return torch
 
 
 def median_ms(fn, **kwargs):

@@ -1,7 +1,7 @@
 # prepare.awk - split one benchmark CSV into the small tables plots/charts.gp draws.
 # usage: awk -v dir=DIR -f prepare.awk plots/data/<gpu>.csv
 # Writes, for the forward rows:
-#   DIR/stages.txt                stage names in course order (stage rows), then the SDPA peers
+#   DIR/stages.txt, peers.txt     stage names in course order (rows named NN_...), the peers (the rest)
 #   DIR/seq_<name>_D<d>_c<c>.dat  "S TFLOP/s" on the sweep (B*S = 16384, H*D = 2048)
 #   DIR/prog_D<d>.dat             "index label TFLOP/s(non-causal) TFLOP/s(causal) TFLOP/s(small)" at S = 4096
 #   DIR/speedup.dat               "index label" then speedup over stage 01 for D64, D64c, D128, D128c
@@ -13,13 +13,13 @@ BEGIN { FS = ","; }
 NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
 $col["direction"] == "bwd" && $col["batch"] * $col["seq"] == 16384 && $col["heads"] * $col["dim"] == 2048 {
     name = $col["stage"]
-    if (!(name in bseen)) { bseen[name] = 1; if (name ~ /^sdpa_/) bpeers[++nbp] = name; else bstages[++nbs] = name }
+    if (!(name in bseen)) { bseen[name] = 1; if (name !~ /^[0-9][0-9]_/) bpeers[++nbp] = name; else bstages[++nbs] = name }
     print $col["seq"] + 0, $col["tflops"] + 0 >> (dir "/bwd_" name "_D" ($col["dim"] + 0) "_c" ($col["causal"] + 0) ".dat")
 }
 $col["direction"] == "fwd" {
     name = $col["stage"]; S = $col["seq"] + 0; D = $col["dim"] + 0; c = $col["causal"] + 0
     B = $col["batch"] + 0; H = $col["heads"] + 0; tf = $col["tflops"] + 0
-    if (!(name in seen)) { seen[name] = 1; if (name ~ /^sdpa_/) peers[++np] = name; else stages[++ns] = name }
+    if (!(name in seen)) { seen[name] = 1; if (name !~ /^[0-9][0-9]_/) peers[++np] = name; else stages[++ns] = name }
     if (B * S == 16384 && H * D == 2048) {
         file = dir "/seq_" name "_D" D "_c" c ".dat"
         print S, tf >> file

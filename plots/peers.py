@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Measure PyTorch's scaled_dot_product_attention backends on the benchmark shapes.
+"""Measure the library kernels the stages are compared with, on the benchmark shapes: PyTorch's
+scaled_dot_product_attention backends (flash, which is FlashAttention-2; cuDNN; efficient) and,
+where it can be imported, FlashAttention-3 (`flash_attn_interface`, for instance from the PyPI
+package tokenspeed-fa3, a prebuilt FlashAttention-3 for the H100 and H200).
 
 Same rules as the stages' harness (common/harness.c): random N(0,1) fp16 inputs, a check against
 float64 before timing, CUDA events, warm-up, the median of many runs, L2 flushed before each run,
-and one CSV row per measurement in the same columns. Backends that cannot run a shape are
-reported and skipped. Where PyTorch or a GPU is missing, says so and exits 0.
+and one CSV row per measurement in the same columns. A peer that cannot run a shape, or cannot be
+imported, is reported with a line and skipped. Where PyTorch or a GPU is missing, says so and
+exits 0.
 
 With --backward, times the backward pass instead (direction `bwd`, FLOPs 2.5x the forward's): the
 forward runs once outside the timed region, then each timed run is one
@@ -14,7 +18,7 @@ import argparse
 import os
 import sys
 
-from cuda_timing import HARNESS, timed_ms
+from cuda_timing import HARNESS, timed_ms, torch_on_gpu
 
 COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us"
 # A fixed sanity bound on head (0, 0), not the harness's rule: that rule (docs/measuring.md) needs
@@ -80,33 +84,100 @@ def check_grads(q, k, v, d_o, grads, causal):
     return worst, ok
 
 
+class Peer:
+    """One library kernel: its name (the CSV's stage column), the context it runs in (entered once
+    per shape, outside the timed region), whether it takes [B, S, H, D] rather than [B, H, S, D]
+    (the inputs are then transposed once, outside the timed region), and the timed call,
+    `call(q, k, v, causal)`, in the peer's own layout."""
+
+    def __init__(self, name, context, bshd, call):
+        self.name, self.context, self.bshd, self.call = name, context, bshd, call
+
+    def own_layout(self, t):
+        """[B, H, S, D] to the peer's layout; a leaf that requires grad if t does."""
+        return t.transpose(1, 2).contiguous().detach().requires_grad_(t.requires_grad) if self.bshd else t
+
+    def bhsd(self, t):
+        """The peer's layout back to [B, H, S, D] (a view)."""
+        return t.transpose(1, 2) if self.bshd else t
+
+
+def sdpa_peer(name, backend):
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    return Peer(name, lambda: sdpa_kernel(backend), False,
+                lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)))
+
+
+def fa3_peer():
+    import contextlib
+    from flash_attn_interface import flash_attn_func
+    return Peer("fa3", contextlib.nullcontext, True,
+                lambda q, k, v, causal: flash_attn_func(q, k, v, causal=bool(causal)))
+
+
+def make_peers():
+    from torch.nn.attention import SDPBackend
+    peers = [sdpa_peer("sdpa_flash", SDPBackend.FLASH_ATTENTION), sdpa_peer("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+             sdpa_peer("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    try:
+        peers.append(fa3_peer())
+    except (ImportError, OSError) as e:  # not installed, or built for another PyTorch
+        print(f"peers: fa3 skipped: FlashAttention-3 cannot be imported ({e}); "
+              "pip install tokenspeed-fa3 on an H100 or H200 adds it")
+    return peers
+
+
+def measure(peer, q, k, v, d_o, causal, backward, flush):
+    """Check, then time, one peer at one shape: (median_us, min_us, max_us, runs, max_err), or a
+    string saying why it was skipped or failed (starting "FAILED" for a failed check)."""
+    import torch
+    with peer.context():
+        try:
+            qkv = tuple(peer.own_layout(t) for t in (q, k, v))
+            out = peer.call(*qkv, causal)
+            if backward:
+                d_out = peer.own_layout(d_o)
+
+                def run():
+                    return torch.autograd.grad(out, qkv, d_out, retain_graph=True)
+                grads = tuple(peer.bhsd(g) for g in run())
+            else:
+                def run():
+                    return peer.call(*qkv, causal)
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            return str(e).splitlines()[0][:100]
+        if backward:
+            max_err, ok = check_grads(q, k, v, d_o, grads, causal)
+        else:
+            max_err, ok = check_error(q, k, v, peer.bhsd(out), causal)
+        if not ok:
+            return f"FAILED check: max abs err {max_err:.3e}"
+        ms, fastest_ms, slowest_ms, runs = timed_ms(run, before_each=lambda i: flush_and_spin(flush, i))
+    return ms * 1e3, fastest_ms * 1e3, slowest_ms * 1e3, runs, max_err
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv", required=True, help="CSV file to append rows to")
     parser.add_argument("--shapes", default=os.path.join(os.path.dirname(__file__), "shapes.txt"))
     parser.add_argument("--backward", action="store_true", help="time the backward pass")
     args = parser.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError as e:
-        print(f"sdpa_peers: PyTorch not available ({e}); no peer rows written")
-        return 0
-    if not torch.cuda.is_available():
-        print("sdpa_peers: no CUDA device visible to PyTorch; no peer rows written")
+    torch = torch_on_gpu("peers", "no peer rows written")
+    if torch is None:
         return 0
 
     props = torch.cuda.get_device_properties(0)
     gpu = props.name.replace(",", " ")
     commit = os.environ.get("FLASH_STAGES_COMMIT", "unknown")
     flush = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device="cuda")
-    backends = [("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
-                ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)]
-    print(f"sdpa_peers: PyTorch {torch.__version__}, {gpu}")
+    peers = make_peers()
+    print(f"peers: PyTorch {torch.__version__}, {gpu}: {', '.join(p.name for p in peers)}")
 
     new_file = not os.path.exists(args.csv) or os.path.getsize(args.csv) == 0
     failures = 0
+    direction = "bwd" if args.backward else "fwd"
     with open(args.csv, "a") as csv:
         if new_file:
             csv.write(COLUMNS + "\n")
@@ -115,46 +186,23 @@ def main():
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=gen)
                        .requires_grad_(args.backward) for _ in range(3))
             d_o = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=gen) if args.backward else None
-            for name, backend in backends:
-                label = f"{name:<15} B={B:<2} H={H:<2} S={S:<5} D={D:<3} {'causal' if causal else 'non-causal':<10}"
-
-                def forward():
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-                # The backend is chosen once, outside the timed region: entering sdpa_kernel costs
-                # tens of microseconds of Python, which would show up in the small shape's time.
-                with sdpa_kernel(backend):
-                    try:
-                        out = forward()
-                        if args.backward:
-                            def run():
-                                return torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
-                            grads = run()
-                        else:
-                            run = forward
-                        torch.cuda.synchronize()
-                    except RuntimeError as e:
-                        print(f"{label} skipped: {str(e).splitlines()[0][:100]}")
-                        continue
-                    if args.backward:
-                        max_err, ok = check_grads(q, k, v, d_o, grads, causal)
-                    else:
-                        max_err, ok = check_error(q, k, v, out, causal)
-                    if not ok:
-                        print(f"{label} FAILED check: max abs err {max_err:.3e}")
-                        failures += 1
-                        continue
-                    ms, fastest_ms, slowest_ms, runs = timed_ms(run, before_each=lambda i: flush_and_spin(flush, i))
-                    median_us, min_us, max_us = ms * 1e3, fastest_ms * 1e3, slowest_ms * 1e3
-                    del out
+            for peer in list(peers):
+                label = f"{peer.name:<15} B={B:<2} H={H:<2} S={S:<5} D={D:<3} {'causal' if causal else 'non-causal':<10}"
+                result = measure(peer, q, k, v, d_o, causal, args.backward, flush)
+                if isinstance(result, str):
+                    print(f"{label} {'' if result.startswith('FAILED') else 'skipped: '}{result}")
+                    failures += result.startswith("FAILED")
+                    if "does not support backward" in result:  # a forward-only build: said once
+                        peers.remove(peer)
+                    continue
+                median_us, min_us, max_us, runs, max_err = result
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0) * (2.5 if args.backward else 1.0)
                 tflops = flops / (median_us * 1e-6) * 1e-12
                 # Compulsory traffic: Q, K, V (and O, dO) read, O (or dQ, dK, dV) written.
                 gbps = (8 if args.backward else 4) * B * H * S * D * 2 / (median_us * 1e-6) * 1e-9
-                direction = "bwd" if args.backward else "fwd"
                 print(f"{label} {direction} median {median_us:.1f} us over {runs} runs "
                       f"(min {min_us:.1f}, max {max_us:.1f}): {tflops:.2f} TFLOP/s")
-                csv.write(f"{gpu},{name},{B},{H},{S},{D},{causal},{direction},{median_us:.3f},{tflops:.3f},"
+                csv.write(f"{gpu},{peer.name},{B},{H},{S},{D},{causal},{direction},{median_us:.3f},{tflops:.3f},"
                           f"{gbps:.1f},{max_err:.3e},{runs},{commit},{min_us:.3f},{max_us:.3f}\n")
                 csv.flush()
             del q, k, v, d_o
