@@ -2,7 +2,7 @@
 # bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU (the forward, then the
 # backward of the stages that have one), then the peers (plots/peers.py: PyTorch's SDPA backends,
 # forward and backward, and FlashAttention-3 where it can be imported), the stages' ablation
-# builds (plots/ablations.sh) and the GPU's ceilings; write plots/data/<gpu>.csv,
+# builds (plots/ablations.py) and the GPU's ceilings; write plots/data/<gpu>.csv,
 # <gpu>_ablations.csv and <gpu>_ceilings.csv and render the charts. Run it through
 # `cmake --workflow --preset bench` (README), which builds first and sets FLASH_STAGES_BIN.
 #
@@ -58,8 +58,8 @@ done
 echo "bench: the peers on the same shapes (plots/peers.py), forward and backward"
 python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
 python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
-echo "bench: the ablation builds at S = 4096 (plots/ablations.sh)"
-bash plots/ablations.sh "${stages[@]}" || failures=$((failures + 1))
+echo "bench: the ablation builds (plots/ablations.py)"
+python3 plots/ablations.py --csv "plots/data/${slug}_ablations.csv" "${stages[@]}" || failures=$((failures + 1))
 echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"
 ceilings_tmp=$(mktemp "${TMPDIR:-/tmp}/ceilings.XXXXXX.csv")
 python3 plots/ceilings.py --csv "$ceilings_tmp" || failures=$((failures + 1))

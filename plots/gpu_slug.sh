@@ -1,6 +1,6 @@
 # gpu_slug NAME: a short file name for a GPU ("NVIDIA H100 80GB HBM3" -> "h100"): the first word
-# after the vendor that contains a digit, lower-cased. Sourced by bench.sh, ablations.sh,
-# render.sh and python/examples/train.py (plots/tables.py has its own bench_csvs).
+# after the vendor that contains a digit, lower-cased. Sourced by bench.sh, profiles.sh, render.sh,
+# tests/gpu_session.sh and python/examples/train.py (plots/tables.py has its own bench_csvs).
 gpu_slug() {
     local word
     for word in $1; do

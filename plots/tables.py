@@ -79,21 +79,25 @@ def markdown_table(header, rows, align=None):
 
 def read_ablations(stage):
     """stages/<stage>/ablations.txt: its builds (name, passes, what the build changes), the
-    sequence lengths the table shows ("# sequence lengths: ...", default 4096) and the PyTorch
-    peer it compares with ("# compare with: ..."), or None without the file."""
+    sequence lengths they are timed and shown at ("# sequence lengths: ...", default 4096), the
+    small shape they are also timed at ("# small shape: B H S D", or None) and the PyTorch peer
+    the table compares with ("# compare with: ..."), or None without the file. plots/ablations.py
+    times what it lists; CMakeLists.txt reads the -D definitions, which only the build needs."""
     path = ROOT / "stages" / stage / "ablations.txt"
     if not path.exists():
         return None
-    builds, seqs, peer = [], [4096], ""
+    builds, seqs, small, peer = [], [4096], None, ""
     for line in path.read_text().splitlines():
         if line.startswith("# sequence lengths:"):
             seqs = [int(s) for s in line.split(":", 1)[1].split()]
+        elif line.startswith("# small shape:"):
+            small = tuple(int(s) for s in line.split(":", 1)[1].split())
         elif line.startswith("# compare with:"):
             peer = line.split(":", 1)[1].strip()
         elif line.strip() and not line.startswith("#"):
             fields = [f.strip() for f in line.split("|")]
             builds.append({"name": fields[0], "passes": fields[1].split(), "what": fields[3]})
-    return {"builds": builds, "seqs": seqs, "peer": peer}
+    return {"builds": builds, "seqs": seqs, "small": small, "peer": peer}
 
 
 def no_data(path, what="H100 measurements"):
@@ -235,7 +239,7 @@ def ratio_table(csv_path, stage, peer, direction="fwd", first=2048):
 
 
 def ablation_table(csv_path, stage):
-    """A stage's ablation builds (plots/ablations.sh): TFLOP/s at each sequence length its
+    """A stage's ablation builds (plots/ablations.py): TFLOP/s at each sequence length its
     ablations.txt names, of the stage as built and of each build with one idea switched off, with
     the ratio to the stage as built; the previous stage's as-built row, and the PyTorch peer that
     the file names, from the sweep of the same GPU's CSV."""
@@ -285,7 +289,7 @@ def ablation_table(csv_path, stage):
         if lines:
             lines.append("")
         lines += [f"TFLOP/s at S = {seq} (B = {16384 // seq}, H*D = 2048) on the {rows[-1]['gpu']}, one run of "
-                  f"`plots/ablations.sh` (commit {commits(rows)}), from `{path}`; in brackets the ratio to the "
+                  f"`plots/ablations.py` (commit {commits(rows)}), from `{path}`; in brackets the ratio to the "
                   "stage as built" + (f" (for {peer}, from the sweep of the same run in `{csv_path}`)" if peer else "")
                   + ":", ""]
         lines += markdown_table(["build", "pass", "what the build changes"] + CELL_HEADER, table,

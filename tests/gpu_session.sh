@@ -5,7 +5,7 @@
 #             many_heads), and compute-sanitizer memcheck, racecheck and synccheck on a small odd
 #             causal shape per stage, forward and backward;
 #   quick:    test, plus each stage timed at S = 4096;
-#   ablations: test, plus plots/ablations.sh (every ablation build at S = 4096) and
+#   ablations: test, plus plots/ablations.py (every ablation build) and
 #             plots/profiles.sh (Nsight Compute profile of every stage);
 #   bench:    plots/bench.sh over every shape (writes plots/data/<gpu>.csv);
 #   all:      test and bench.
@@ -58,7 +58,9 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
     FLASH_STAGES_BIN=build-gpu/bin bash plots/bench.sh $stages 2>&1 | tee "$out/bench.log"
     cp plots/data/*.csv "$out/"
 elif [ "$mode" = ablations ]; then
-    FLASH_STAGES_BIN=build-gpu/bin bash plots/ablations.sh $stages 2>&1 | tee "$out/ablations.log"
+    source plots/gpu_slug.sh
+    csv=plots/data/$(gpu_slug "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)")_ablations.csv
+    FLASH_STAGES_BIN=build-gpu/bin python3 plots/ablations.py --csv "$csv" $stages 2>&1 | tee "$out/ablations.log"
     FLASH_STAGES_BIN=build-gpu/bin bash plots/profiles.sh 2>&1 | tee "$out/profiles.log"
     cp plots/data/*_ablations.csv plots/data/*_profiles.csv "$out/" 2>/dev/null
     mkdir -p "$out/profiles" && cp docs/profiles/*.txt "$out/profiles/"
