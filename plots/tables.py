@@ -13,7 +13,7 @@
 
 A table lives in a Markdown file between <!-- measured:KEY:begin --> and <!-- measured:KEY:end -->;
 KEY is "course" (and "roofline", "training") in README.md and the stage's name, or the stage's name
-and a suffix, in a lesson. The H100's CSVs feed the README and the lessons; every GPU's CSV feeds
+and a suffix, in a lesson or in the lesson's notes (stages/<stage>/notes.md). The H100's CSVs feed the README and the lessons; every GPU's CSV feeds
 its own report page. One CSV loader (read_csv), one sweep filter (on_sweep), one table writer
 (markdown_table) and one reader of stages/<stage>/ablations.txt (read_ablations) serve them all.
 """
@@ -289,7 +289,7 @@ def ablation_table(csv_path, stage):
         if lines:
             lines.append("")
         lines += [f"TFLOP/s at S = {seq} (B = {16384 // seq}, H*D = 2048) on the {rows[-1]['gpu']}, one run of "
-                  f"`plots/ablations.py` (commit {commits(rows)}), from `{path}`; in brackets the ratio to the "
+                  f"`plots/ablations.py`, from `{path}`; in brackets the ratio to the "
                   "stage as built" + (f" (for {peer}, from the sweep of the same run in `{csv_path}`)" if peer else "")
                   + ":", ""]
         lines += markdown_table(["build", "pass", "what the build changes"] + CELL_HEADER, table,
@@ -364,7 +364,7 @@ def profile_table(csv_path, stage):
     ]
     columns = [("" if build == stage else f"`{build[len(stage):]}` ") + f"`{kernel}` D={dim}" for build, kernel, dim in keys]
     slug = pathlib.Path(csv_path).stem
-    return [f"Nsight Compute on the {rows[-1]['gpu']} (`plots/profiles.sh`, commit {commits(rows)}), S = 4096, B = 4, "
+    return [f"Nsight Compute on the {rows[-1]['gpu']} (`plots/profiles.sh`), S = 4096, B = 4, "
             f"H*D = 2048, non-causal; every kernel of one run. Full pages in `docs/profiles/{stage}_{slug}_ncu.txt`, "
             f"metrics in `{path}`:", ""] + markdown_table(
         ["metric"] + columns, [[label] + [cell(k, what) for k in keys] for label, what in metrics])
@@ -441,7 +441,7 @@ def occupancy_table(csv_path):
                           f"{get(build, D, 'launch__occupancy_limit_registers')} / {get(build, D, 'launch__occupancy_limit_shared_mem')}",
                           get(build, D, "sm__maximum_warps_per_active_cycle_pct"),
                           f"{float(achieved):.1f}" if achieved != "-" else "-"])
-    return [f"On the {metrics[-1]['gpu']}: TFLOP/s at S = 4096, non-causal (`{ablations}`, commit {timed[-1]['commit']}); "
+    return [f"On the {metrics[-1]['gpu']}: TFLOP/s at S = 4096, non-causal (`{ablations}`); "
             f"resources and occupancy from Nsight Compute (`{profiles}`):", ""] + markdown_table(
         ["build", "D", "TFLOP/s", "shared memory per block (bytes)", "registers per thread",
          "blocks per SM: registers / shared memory", "theoretical occupancy %", "achieved occupancy %"], table,
@@ -608,10 +608,13 @@ def main(argv):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     texts, status = {}, 0
-    for path, key, lines in blocks():
-        if path not in texts:
-            texts[path] = (ROOT / path).read_text()
-        texts[path] = with_block(texts[path], key, lines)
+    for lesson_path, key, lines in blocks():
+        # A lesson's table may live in its notes (stages/<stage>/notes.md) instead.
+        notes = str(pathlib.Path(lesson_path).with_name("notes.md"))
+        for path in [lesson_path] + ([notes] if lesson_path.endswith("README.md") and (ROOT / notes).exists() else []):
+            if path not in texts:
+                texts[path] = (ROOT / path).read_text()
+            texts[path] = with_block(texts[path], key, lines)
     for data in bench_csvs():
         texts[f"plots/{pathlib.Path(data).stem}.md"] = report_page(data)
     for path, text in texts.items():
