@@ -233,7 +233,7 @@ typedef struct {
     int bh, row;
 } grad_row;
 
-// What one head's check works in: the head's lse, D_i and D_i's error terms (S each), and for each
+// What one head's check works in: the head's lse, δ_i and δ_i's error terms (S each), and for each
 // checked row of dQ, dK and dV its grad_row, reference, worst and rss terms (D each).
 typedef struct {
     double *stats, *ref;

@@ -4,18 +4,18 @@
 // The rounding points of a FlashAttention-2 style backward (u = 2^-11, m = 2^-14, the smallest
 // normal fp16; sigma_ij = D 2^-23 scale sum_d |q_id k_jd| bounds the fp32 score's error), each with
 // the largest error it adds:
-//   D_i from the kernel's fp16 O:  O is off by its own rounding, u (|O_id| + m), and by the forward's
+//   δ_i from the kernel's fp16 O:  O is off by its own rounding, u (|O_id| + m), and by the forward's
 //                                  rounding of exp(s - max), which moves O_i by sum_j e_ij P_ij V_j
 //                                  with one |e_ij| <= u (1 + m P_max / P_ij) shared by all d, so
-//                                  D_i by sum_j e_ij P_ij dP_ij; its fp32 scores move D_i by
-//                                  sum_j P_ij sigma_ij |dP_ij - D_i|; its fp32 dot by D 2^-23
+//                                  δ_i by sum_j e_ij P_ij dP_ij; its fp32 scores move δ_i by
+//                                  sum_j P_ij sigma_ij |dP_ij - δ_i|; its fp32 dot by D 2^-23
 //                                  sum_d |dO_id O_id|. This error is the same for every key j of
-//                                  row i: in dQ_i it moves dS_ij by P_ij err(D_i), so dQ_i by
-//                                  scale err(D_i) (P K)_i, a sum with signs; in dK_j, whose terms
-//                                  come from different rows, by scale sum_i P_ij err(D_i) |q_id|.
+//                                  row i: in dQ_i it moves dS_ij by P_ij err(δ_i), so dQ_i by
+//                                  scale err(δ_i) (P K)_i, a sum with signs; in dK_j, whose terms
+//                                  come from different rows, by scale sum_i P_ij err(δ_i) |q_id|.
 //   P recomputed in fp32:          relative error sigma_ij, in dS and in P.
-//   dP_ij in fp32:                 D 2^-23 sum_d |dO_id v_jd|, and both dP_ij and D_i rounded to
-//                                  fp32 before the subtraction: 2^-24 (|dP_ij| + |D_i|).
+//   dP_ij in fp32:                 D 2^-23 sum_d |dO_id v_jd|, and both dP_ij and δ_i rounded to
+//                                  fp32 before the subtraction: 2^-24 (|dP_ij| + |δ_i|).
 //   P and dS to fp16:              u (P_ij + m) before dV's product; u (scale |dS_ij| + m) before
 //                                  dQ's and dK's (whether or not the kernel scales dS first).
 //   dQ, dK, dV to fp16:            u (|x| + m).
@@ -117,7 +117,7 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
 }
 
 // The error of one dS_ij that reaches dQ or dK through its product: fp32 scores in P, fp32 dP
-// and the subtraction, dS rounded to fp16. Absolute; D_i's own error is added by the callers.
+// and the subtraction, dS rounded to fp16. Absolute; δ_i's own error is added by the callers.
 static double ds_error(double p, double dp, double ds, double delta_i, double sigma,
                        double dp_magnitude, double scale, int D) {
     return REF_U * (scale * fabs(ds) + REF_HALF_MIN_NORMAL) + sigma * scale * fabs(ds) +
@@ -164,7 +164,7 @@ void reference_dq_row(const attn_shape *shape, const float *q, const float *k, c
         }
     }
     if (!pk) return;
-    for (int d = 0; d < D; d++) {  // D_i's error, the same in every dS_ij of the row
+    for (int d = 0; d < D; d++) {  // δ_i's error, the same in every dS_ij of the row
         const double reach = REF_U * scale * fabs(pk[d]);
         dq_err.worst[d] += reach * delta_err.worst[i];
         dq_err.rss[d] += (reach * delta_err.rss[i]) * (reach * delta_err.rss[i]);
@@ -200,7 +200,7 @@ void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k,
         const double sigma = D * REF_F32_STEP * scale * qk_magnitude;
         const double cv = REF_U * (p + REF_HALF_MIN_NORMAL) + sigma * p;
         const double ck = ds_error(p, dp, ds, delta[i], sigma, dp_magnitude, scale, D);
-        // D_i's error enters dS_ij once per query; queries' errors are independent of each other.
+        // δ_i's error enters dS_ij once per query; queries' errors are independent of each other.
         const double ck_worst = ck + REF_U * scale * p * delta_err.worst[i];
         const double ck_rss = ck + REF_U * scale * p * delta_err.rss[i];
         for (int d = 0; d < D; d++) {

@@ -4,7 +4,7 @@
 //
 // With s_ij = scale q_i.k_j (j <= i when causal), P = softmax over j, O = P V and dO given:
 //   dV_j = sum_i P_ij dO_i                     dP_ij = dO_i . v_j
-//   D_i  = sum_j P_ij dP_ij  (= dO_i . O_i)      dS_ij = P_ij (dP_ij - D_i)
+//   δ_i  = sum_j P_ij dP_ij  (= dO_i . O_i)      dS_ij = P_ij (dP_ij - δ_i)
 //   dQ_i = scale sum_j dS_ij k_j                dK_j = scale sum_i dS_ij q_i
 // A row of dQ needs only row i; a row of dK or dV needs column j of P, so every row's normalizer:
 // the per-head statistics below are computed first (3 S^2 D multiply-adds per head).
@@ -14,8 +14,8 @@
 #include "attn.h"
 #include "reference.h"
 
-// For head (b, h): lse[i] = log sum_j exp(s_ij) and delta[i] = D_i, for every row i (S each).
-// delta_err (S doubles each, or both NULL): the error of a kernel's D_i, which it computes from
+// For head (b, h): lse[i] = log sum_j exp(s_ij) and delta[i] = δ_i, for every row i (S each).
+// delta_err (S doubles each, or both NULL): the error of a kernel's δ_i, which it computes from
 // its own fp16 O. q, k, v, d_o are [B, H, S, D] float copies of the fp16 tensors.
 void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k, const float *v,
                          const float *d_o, int b, int h, double *lse, double *delta,

@@ -1,5 +1,5 @@
 // test_conditioning.c - the checker where fp16 error is large next to the result: V with a large
-// mean, scores of large magnitude, dP_ij and D_i that nearly cancel. A kernel simulated on the
+// mean, scores of large magnitude, dP_ij and δ_i that nearly cancel. A kernel simulated on the
 // CPU with a FlashAttention-2 kernel's roundings must pass; its result moved a few fp16 ulps past
 // one element's bound must fail; the same kernel with a bug (no causal mask, a key tile skipped)
 // must fail too.
@@ -29,7 +29,7 @@ static float dot32(const float *a, const float *b, int D) {
 // One head's forward and backward with a FlashAttention-2 kernel's roundings: fp32 scores and
 // sums; an online softmax over KEY_TILE-key tiles whose exp(s - running max) is rounded to fp16
 // before P V while the row sum adds the unrounded values; O rounded to fp16. Backward from that
-// O: D_i = dO_i.O_i in fp32; P recomputed from the fp32 lse; P and dS rounded to fp16 before
+// O: δ_i = dO_i.O_i in fp32; P recomputed from the fp32 lse; P and dS rounded to fp16 before
 // their products; dQ, dK, dV rounded to fp16. SKIP_KEY_TILE drops keys 64..127 of every row.
 static void fp16_kernel(const attn_shape *s, const float *q, const float *k, const float *v,
                         const float *d_o, kernel_bug bug, uint16_t *out[4] /* o, dq, dk, dv */) {
@@ -200,7 +200,7 @@ int main(void) {
     const regime regimes[] = {
         {"V ~ N(40, 1)", 1.0, 40.0, 1.0, 0.0},
         {"scores to +-30", 3.2, 0.0, 1.0, 0.0},
-        {"dP ~ D_i: V ~ N(40, 0.1), dO ~ N(1, 1)", 1.0, 40.0, 0.1, 1.0},
+        {"dP ~ δ_i: V ~ N(40, 0.1), dO ~ N(1, 1)", 1.0, 40.0, 0.1, 1.0},
         {"all three", 3.2, 40.0, 0.1, 1.0},
     };
     const int seqs[] = {2, 3, 17, 100, 300};

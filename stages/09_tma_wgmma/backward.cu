@@ -4,8 +4,8 @@
 //
 // The idea: the forward saved only O and each row's log-sum-exp, so P is recomputed tile by tile
 // (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
-//   D_i = rowsum(dO ∘ O)      (backward_delta, a small pre-pass)
-//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - D),  dK += dSᵀ Q,  dQ += dS K
+//   δ_i = rowsum(dO ∘ O)      (backward_delta, a small pre-pass)
+//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - δ),  dK += dSᵀ Q,  dQ += dS K
 // backward_dk_dv gives each block 128 keys (64 per consumer warpgroup) and walks over the query
 // tiles, holding dK and dV in registers. Everything is computed transposed (keys as rows), so Pᵀ
 // and dSᵀ come out as accumulators that are the A operands of dV += Pᵀ dO and dK += dSᵀ Q straight
@@ -448,7 +448,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             }
             wgmma_wait<0>();
             fence_operands<32>(dpt_acc);
-            // dSᵀ = Pᵀ ∘ (dPᵀ - D), in place.
+            // dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place.
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const float2 delta_pair = *(const float2 *)&col_delta[8 * j + 2 * t];
@@ -632,7 +632,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
                 }
             wgmma_wait<0>();
             fence_operands<32>(dp_acc);
-            // dS = P ∘ (dP - D), in place in s_acc.
+            // dS = P ∘ (dP - δ), in place in s_acc.
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
