@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# render.sh [--check OUTDIR] - draw the charts of every plots/data/<gpu>.csv with gnuplot.
+# render.sh [--check OUTDIR] - draw the charts of every plots/data/<gpu>.csv, and the lessons'
+# schematic timelines (plots/timelines/), with gnuplot.
 # Default: into plots/<gpu>_*.png, and refresh the measured table in README.md from h100.csv.
 # --check OUTDIR: draw into OUTDIR only and fail unless every chart came out (a CTest test).
 # Needs gnuplot, not a GPU. Exit 77 (CTest's skip) when gnuplot is missing.
@@ -45,6 +46,19 @@ done
 for csv in plots/data/*_training.csv; do
     chart=$outdir/$(basename "$csv" .csv).png
     gnuplot -e "csv='$csv'; out='$chart'" plots/training.gp
+    [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
+    echo "render: $chart"
+done
+# The schematic timelines of the lessons, one per plots/timelines/<name>.dat: its "# title:" and
+# "# lanes:" lines name the figure and its rows.
+for data in plots/timelines/*.dat; do
+    chart=$outdir/timeline_$(basename "$data" .dat).png
+    heading=$(sed -n 's/^# title: //p' "$data")
+    IFS='|' read -ra lanes <<<"$(sed -n 's/^# lanes: //p' "$data")"
+    tics="("
+    for i in "${!lanes[@]}"; do tics+="\"${lanes[$i]}\" $i, "; done
+    gnuplot -e "data='$data'; out='$chart'; heading='$heading'; lanes=${#lanes[@]}; lane_tics='${tics%, })'" \
+        plots/timeline.gp
     [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
     echo "render: $chart"
 done
