@@ -261,4 +261,27 @@ __device__ inline void mbarrier_wait(uint64_t *bar, unsigned parity) {
     }
 }
 
+// The slot and phase arithmetic of every mbarrier ring in the course, written once. A ring has
+// SLOTS buffers, each with a `full` mbarrier (the item in it has landed) and an `empty` one (its
+// readers are done with it). Item n, counted from 0 over the ring's whole life, goes to slot
+// n % SLOTS as that slot's fill number n / SLOTS, whose landing completes phase n / SLOTS of
+// full[slot]; a wait names a phase by its parity (docs/primer.md#mbarrier-phases).
+//
+// Producer, before writing item n: wait until the readers have released the slot's previous fill,
+// phase n / SLOTS - 1 of empty[slot] (a slot's first fill finds it free). Returns the slot.
+template <int SLOTS, bool SUSPEND = false>
+__device__ inline int ring_wait_empty(uint64_t *empty, int n) {
+    const int slot = n % SLOTS;
+    if (n >= SLOTS) mbarrier_wait<SUSPEND>(&empty[slot], (n / SLOTS - 1) & 1);
+    return slot;
+}
+// Reader, before reading item n: wait until it has landed, phase n / SLOTS of full[slot].
+// Returns the slot.
+template <int SLOTS, bool SUSPEND = false>
+__device__ inline int ring_wait_full(uint64_t *full, int n) {
+    const int slot = n % SLOTS;
+    mbarrier_wait<SUSPEND>(&full[slot], (n / SLOTS) & 1);
+    return slot;
+}
+
 #endif

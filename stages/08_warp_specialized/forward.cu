@@ -125,9 +125,8 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     __syncthreads();  // the only block-wide barrier: the mbarriers exist before anyone uses them
 
     if (warp == CONSUMERS) {
-        // Producer: 32 lanes, 16 bytes per cp.async. Tile t goes to slot t % STAGES. The n-th use
-        // of a slot (n = t / STAGES) waits for the consumers' (n-1)-th release of it: phase n - 1
-        // of empty[slot], whose parity is (n - 1) & 1.
+        // Producer: 32 lanes, 16 bytes per cp.async. Tile t goes to slot t % STAGES once the
+        // consumers have released the slot's previous tile (ring_wait_empty, mma_ptx.cuh).
         for (int i = lane; i < BLOCK_ROWS * (D / 8); i += 32) {
             const int r = i / (D / 8), c = (i % (D / 8)) * 8;
             const bool valid = q0 + r < rows_end;
@@ -135,8 +134,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
         }
         cp_async_mbarrier_arrive(q_full);
         for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % STAGES;
-            if (tile >= STAGES) mbarrier_wait(&empty[slot], (tile / STAGES - 1) & 1);
+            const int slot = ring_wait_empty<STAGES>(empty, tile);
             const int k0 = tile * KEY_TILE;
             for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
                 const int r = i / (D / 8), c = (i % (D / 8)) * 8;
@@ -179,8 +177,7 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     mbarrier_wait(q_full, 0);
 
     for (int tile = 0, my_next = share; tile < n_tiles; tile++) {
-        const int slot = tile % STAGES;
-        mbarrier_wait(&full[slot], (tile / STAGES) & 1);  // the n-th fill of the slot: phase n
+        const int slot = ring_wait_full<STAGES>(full, tile);
         const __half *k_tile = k_ring + slot * L::TILE;
         const __half *v_tile = v_ring + slot * L::TILE;
         const int k0 = tile * KEY_TILE;

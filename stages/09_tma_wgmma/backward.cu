@@ -220,8 +220,7 @@ __device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, c
         tma_load_3d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, head_index, m.own_full);
     }
     for (int tile = 0; tile < n_tiles; tile++) {
-        const int slot = tile % L::STAGES;
-        if (tile >= L::STAGES) mbarrier_wait<true>(&m.empty[slot], (tile / L::STAGES - 1) & 1);
+        const int slot = ring_wait_empty<L::STAGES, true>(m.empty, tile);
         mbarrier_arrive_expect_tx(&m.full[slot], 2 * sizeof(__half) * L::WALK_ELEMS);
         for (int c = 0; c < D / 64; c++) {
             const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
@@ -272,8 +271,7 @@ template <int D, bool REGS> struct OwnOperands {
     // the exponentials of P can run while the tensor cores compute dP.
     __device__ void issue_s_and_dp(float s_acc[32], float dp_acc[32], const BwdSmem &m, int tile) const {
         constexpr int STAGES = BwdLayout<D>::STAGES;
-        const int slot = tile % STAGES;
-        mbarrier_wait<true>(&m.full[slot], (tile / STAGES) & 1);
+        const int slot = ring_wait_full<STAGES, true>(m.full, tile);
         wgmma_fence();
         product(s_acc, a_frag, m.own_a, m.walk_a + slot * BwdLayout<D>::WALK_ELEMS);
         wgmma_commit();
@@ -350,8 +348,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             const size_t head_tiles = (size_t)head_index * ceil_div(S, BWD_WALK);
             using L = BwdLayout<D>;
             for (int tile = 0; tile < n_tiles; tile++) {
-                const int dq_slot = tile % L::DQ_SLOTS;
-                mbarrier_wait<true>(&m.dq_full[dq_slot], (tile / L::DQ_SLOTS) & 1);
+                const int dq_slot = ring_wait_full<L::DQ_SLOTS, true>(m.dq_full, tile);
                 for (int part = 0; part < L::DQ_GROUP_TILES; part++)
                     bulk_reduce_add_f32(dq_accum + (head_tiles + first_tile + tile) * L::DQ_TILE_ELEMS,
                                         m.dq_stage + (dq_slot * L::DQ_GROUP_TILES + part) * L::DQ_TILE_ELEMS,
@@ -506,7 +503,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
                 const int dq_slot = tile % DQ_SLOTS;
                 float *dq_tile;  // the staging slot's tile, or the walked tile's in the float dQ
                 if constexpr (kBulkReduceDq) {
-                    if (tile >= DQ_SLOTS) mbarrier_wait<true>(&m.dq_empty[dq_slot], (tile / DQ_SLOTS - 1) & 1);
+                    ring_wait_empty<DQ_SLOTS, true>(m.dq_empty, tile);  // returns dq_slot
                     dq_tile = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
                                                BwdLayout<D>::DQ_TILE_ELEMS;
                 } else {

@@ -457,11 +457,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
             int fetched = 0;  // DYNAMIC: the next unit, claimed as this one's Q is loaded (below)
             // Query tile n's Q slot, once the last S = Q Kᵀ of the tile that used it before is done.
-            auto free_q_slot = [&](int n) {
-                const int slot = n % Q_STAGES;
-                if (n >= Q_STAGES) mbarrier_wait<true>(&q_empty[slot], (n / Q_STAGES - 1) & 1);
-                return slot;
-            };
+            auto free_q_slot = [&](int n) { return ring_wait_empty<Q_STAGES, true>(q_empty, n); };
             for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
                 for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
                     const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
@@ -482,13 +478,12 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                                     head_index, &q_full[q_slot]);
                     for (int tile = 0; tile < n_tiles; tile++, ring++) {
                         const int row = tile * KEY_TILE;
-                        const int k_slot = ring % K_STAGES, v_slot = ring % V_STAGES;
-                        if (ring >= K_STAGES) mbarrier_wait<true>(&k_empty[k_slot], (ring / K_STAGES - 1) & 1);
+                        const int k_slot = ring_wait_empty<K_STAGES, true>(k_empty, ring);
                         mbarrier_arrive_expect_tx(&k_full[k_slot], sizeof(__half) * L::TILE_ELEMS);
                         for (int c = 0; c < D / SLAB; c++)
                             tma_load_3d(k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &k_map, c * SLAB, row,
                                         head_index, &k_full[k_slot]);
-                        if (ring >= V_STAGES) mbarrier_wait<true>(&v_empty[v_slot], (ring / V_STAGES - 1) & 1);
+                        const int v_slot = ring_wait_empty<V_STAGES, true>(v_empty, ring);
                         mbarrier_arrive_expect_tx(&v_full[v_slot], sizeof(__half) * L::TILE_ELEMS);
                         for (int c = 0; c < D / SLAB; c++)
                             tma_load_3d(v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &v_map, c * SLAB, row,
@@ -515,14 +510,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 
         // Ring slots of the query tile's key tile n: wait for K (or V) to land; release them (one
         // arrival per warp) once their last reader, S = Q Kᵀ (or P V), has completed.
-        auto k_of = [&](int n) {
-            mbarrier_wait<true>(&k_full[(ring + n) % K_STAGES], ((ring + n) / K_STAGES) & 1);
-            return k_ring + (ring + n) % K_STAGES * L::TILE_ELEMS;
-        };
-        auto v_of = [&](int n) {
-            mbarrier_wait<true>(&v_full[(ring + n) % V_STAGES], ((ring + n) / V_STAGES) & 1);
-            return v_ring + (ring + n) % V_STAGES * L::TILE_ELEMS;
-        };
+        auto k_of = [&](int n) { return k_ring + ring_wait_full<K_STAGES, true>(k_full, ring + n) * L::TILE_ELEMS; };
+        auto v_of = [&](int n) { return v_ring + ring_wait_full<V_STAGES, true>(v_full, ring + n) * L::TILE_ELEMS; };
         auto release_k = [&](int n) { mbarrier_arrive_warp(&k_empty[(ring + n) % K_STAGES]); };
         auto release_v = [&](int n) { mbarrier_arrive_warp(&v_empty[(ring + n) % V_STAGES]); };
         // One thread of each warpgroup issues its O stores; the warpgroup's own named barrier
@@ -533,11 +522,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // kMergeRead once the first warpgroup has read them.
 
         // Query tile n's Q slot, once its Q (or, DYNAMIC, the word saying no unit is left) is there.
-        auto landed_q_slot = [&](int n) {
-            const int slot = n % Q_STAGES;
-            mbarrier_wait<true>(&q_full[slot], (n / Q_STAGES) & 1);
-            return slot;
-        };
+        auto landed_q_slot = [&](int n) { return ring_wait_full<Q_STAGES, true>(q_full, n); };
         // DYNAMIC: the next unit is the one the producer wrote, read once its Q phase has come.
         // Lane 0 reads it and hands it to its warp: the thread that reads the slot is the one
         // whose arrival on q_empty later lets the producer write it again, and the shuffle lets
