@@ -43,6 +43,10 @@
 // 128-byte swizzle that TMA writes and wgmma reads (common/wgmma_ptx.cuh); the schedule above.
 // The online softmax and the log-sum-exp (log2 units) written to the workspace for the backward
 // pass (backward.cu) are stage 08's.
+// The kernel, wgmma_forward, is a skeleton over named steps: produce (the producer loop), then per
+// query tile attend_overlapped or attend_in_order (the consumer loop, over online_softmax) and
+// store_query_tile (the epilogue); FwdRings lays out shared memory, and KvReader and
+// ring_wait_empty / ring_wait_full (common/mma_ptx.cuh) hold the rings' slot and phase arithmetic.
 // Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); a
 // query tile's first S and softmax and its last P V still have nothing of the same warpgroup to
 // overlap with; where the schedule is static (D = 128, and D = 64 without a mask, with three
@@ -403,6 +407,308 @@ struct Schedule {
     }
 };
 
+// The block's shared memory: the Q, K and V rings with their barriers, O's staging tile and the
+// shared-out tile's merge area (FwdLayout's order). full[s] / empty[s] hand K slot s over (K and V
+// have barriers of their own, so S = Q Kᵀ waits for K only); q_full[s] and q_empty[s] hand Q slot
+// s over, once per query tile (query tile n in slot n % Q_STAGES).
+template <int D, int GROUPS, bool SPLIT> struct FwdRings {
+    using L = FwdLayout<D, GROUPS, SPLIT>;
+    __half *q_ring, *k_ring, *v_ring;
+    __half *o_tile;  // [D/64][BLOCK_ROWS][64], if L::TMA_STORE
+    float *merge;    // [GROUPS-1][MERGE_VALUES][128], if L::SPLIT
+    uint64_t *k_full, *v_full, *k_empty, *v_empty, *q_full, *q_empty;
+    // DYNAMIC: unit_slot[s], the unit whose Q the producer loads into slot s, written before its
+    // arrival on q_full[s] (release) and read by the consumers once they have waited for it
+    // (acquire); schedule.units() when none is left.
+    int *unit_slot;
+
+    __device__ explicit FwdRings(unsigned char *smem_raw) {
+        // Rounded up on the integer value: every access goes through smem_address (PTX's shared
+        // space), so the lost address space costs nothing here, unlike in the backward, which
+        // loads and stores through these pointers in C++ (smem_align_1024).
+        q_ring = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+        k_ring = q_ring + L::Q_STAGES * L::Q_ELEMS;
+        v_ring = k_ring + L::K_STAGES * L::TILE_ELEMS;
+        o_tile = v_ring + L::V_STAGES * L::TILE_ELEMS;
+        merge = (float *)(o_tile + L::O_ELEMS);
+        uint64_t *full = (uint64_t *)(merge + L::MERGE_FLOATS), *empty = full + L::SLOTS;
+        k_full = full, v_full = full + L::K_STAGES, k_empty = empty, v_empty = empty + L::K_STAGES;
+        q_full = empty + L::SLOTS, q_empty = q_full + L::Q_STAGES;
+        unit_slot = (int *)(q_empty + L::Q_STAGES);
+    }
+};
+
+// The producer loop, one thread: for each query tile of the block, in the consumers' order, its Q
+// into the Q ring, then each of its key tiles' K and V into their rings, each into a slot the
+// consumers have released (ring_wait_empty). One TMA load per 64-column slab; the copy engine
+// counts the bytes onto the slot's full barrier (mbarrier_arrive_expect_tx).
+template <int D, int GROUPS, bool SPLIT, bool DYNAMIC>
+__device__ __forceinline__ void produce(const FwdRings<D, GROUPS, SPLIT> &r, const CUtensorMap *q_map,
+                                        const CUtensorMap *k_map, const CUtensorMap *v_map,
+                                        const Schedule &schedule, int S, int causal) {
+    using L = FwdLayout<D, GROUPS, SPLIT>;
+    constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
+    int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
+    int fetched = 0;  // DYNAMIC: the next unit, claimed as this one's Q is loaded (below)
+    // Query tile n's Q slot, once the last S = Q Kᵀ of the tile that used it before is done.
+    auto free_q_slot = [&](int n) { return ring_wait_empty<Q_STAGES, true>(r.q_empty, n); };
+    for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
+        for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
+            const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
+            const int head_index = schedule.head<DYNAMIC>(unit);
+            const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
+            const int q_slot = free_q_slot(tiles_done);
+            // DYNAMIC (one tile a unit, one Q slot): the next unit is claimed as this one's Q is
+            // loaded, not earlier, so that a block holds at most the unit after the one in hand
+            // and the tail balances better; the atomic's round trip hides behind the tile's loads.
+            if (DYNAMIC) {
+                fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
+                *(volatile int *)&r.unit_slot[q_slot] = unit;
+            }
+            mbarrier_arrive_expect_tx(&r.q_full[q_slot], sizeof(__half) * L::Q_ELEMS);
+            for (int c = 0; c < D / SLAB; c++)
+                tma_load_3d(r.q_ring + q_slot * L::Q_ELEMS + c * BLOCK_ROWS * SLAB, q_map, c * SLAB, q0, head_index,
+                            &r.q_full[q_slot]);
+            for (int tile = 0; tile < n_tiles; tile++, ring++) {
+                const int row = tile * KEY_TILE;
+                const int k_slot = ring_wait_empty<K_STAGES, true>(r.k_empty, ring);
+                mbarrier_arrive_expect_tx(&r.k_full[k_slot], sizeof(__half) * L::TILE_ELEMS);
+                for (int c = 0; c < D / SLAB; c++)
+                    tma_load_3d(r.k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, k_map, c * SLAB, row,
+                                head_index, &r.k_full[k_slot]);
+                const int v_slot = ring_wait_empty<V_STAGES, true>(r.v_empty, ring);
+                mbarrier_arrive_expect_tx(&r.v_full[v_slot], sizeof(__half) * L::TILE_ELEMS);
+                for (int c = 0; c < D / SLAB; c++)
+                    tma_load_3d(r.v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, v_map, c * SLAB, row,
+                                head_index, &r.v_full[v_slot]);
+            }
+        }
+    }
+    if (DYNAMIC) {  // no unit left: a phase of the next q_full without Q, its word saying so
+        const int q_slot = free_q_slot(tiles_done);
+        *(volatile int *)&r.unit_slot[q_slot] = schedule.units();
+        mbarrier_arrive(&r.q_full[q_slot]);
+    }
+}
+
+// A shared-out tile's merge: the partial results of every warpgroup into the first warpgroup's
+// registers. Thread i of every warpgroup holds the same rows and columns. Each part is scaled from
+// its own row max to the largest (2^-inf = 0 for a part with no keys: with one key tile the first
+// and the third warpgroup have none, with two the first; but the second owns tile 0 and is merged
+// first, so the max is finite from then on and no -inf - -inf arises). kMergeWritten: the other
+// warpgroups' parts are written; kMergeRead: the first warpgroup has read them, and the area may
+// be written again.
+template <int D, int GROUPS, int MERGE_VALUES>
+__device__ __forceinline__ void merge_shared_out_parts(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                       float *merge, int consumer) {
+    const int lane128 = threadIdx.x % 128;
+    if (consumer > 0) {
+        float *mine_out = merge + (consumer - 1) * MERGE_VALUES * 128 + lane128;
+#pragma unroll
+        for (int e = 0; e < D / 2; e++) mine_out[e * 128] = o_acc[e];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mine_out[(D / 2 + r) * 128] = row_max[r];
+            mine_out[(D / 2 + 2 + r) * 128] = row_sum[r];
+        }
+    }
+    named_barrier_sync(kMergeWritten, 128 * GROUPS);
+    if (consumer == 0) {
+#pragma unroll
+        for (int part = 0; part < GROUPS - 1; part++) {
+            const float *theirs = merge + part * MERGE_VALUES * 128 + lane128;
+            float own_factor[2], their_factor[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float their_max = theirs[(D / 2 + r) * 128];
+                const float new_max = fmaxf(row_max[r], their_max);
+                own_factor[r] = exp2_of(row_max[r] - new_max);
+                their_factor[r] = exp2_of(their_max - new_max);
+                row_max[r] = new_max;
+                row_sum[r] = row_sum[r] * own_factor[r] + theirs[(D / 2 + 2 + r) * 128] * their_factor[r];
+            }
+#pragma unroll
+            for (int e = 0; e < D / 2; e++)
+                o_acc[e] = o_acc[e] * own_factor[(e / 2) % 2] + theirs[e * 128] * their_factor[(e / 2) % 2];
+        }
+    }
+    named_barrier_sync(kMergeRead, 128 * GROUPS);
+}
+
+// The epilogue of a query tile: O / l and each row's log-sum-exp in log2 units (log2 sum_j
+// 2^(s_ij scale log2 e), which the backward reads). With up to two consumer warpgroups O goes
+// through the staging tile, and one thread of the warpgroup (o_storer) issues its TMA stores and
+// goes on; with three, every thread stores its rows of O from its registers.
+template <int D, int GROUPS, bool SPLIT>
+__device__ __forceinline__ void store_query_tile(const float (&o_acc)[D / 2], const float (&row_max)[2],
+                                                 const float (&row_sum)[2], const FwdRings<D, GROUPS, SPLIT> &rings,
+                                                 const CUtensorMap *o_map, __half *o, float *lse_log2, int S,
+                                                 int head_index, int q0, int first_query, int warp_row0, int consumer,
+                                                 bool o_storer, int o_barrier, int g, int t) {
+    using L = FwdLayout<D, GROUPS, SPLIT>;
+    constexpr int BLOCK_ROWS = L::BLOCK_ROWS;
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = row_sum[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = 1.0f / l;
+        const int query = first_query + g + 8 * r;
+        if (query < S && t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
+    }
+    if constexpr (L::TMA_STORE) {
+        // The staging tile is free once the previous query tile's store has read it.
+        if (o_storer) bulk_wait_read<0>();
+        named_barrier_sync(o_barrier, 128);
+        store_acc_tile<D, BLOCK_ROWS>(rings.o_tile, warp_row0, o_acc, inv, g, t);  // O / l
+        fence_proxy_async_shared();
+        named_barrier_sync(o_barrier, 128);
+        if (o_storer) {  // the warpgroup's 64 rows; rows past S are not written
+            for (int c = 0; c < D / SLAB; c++)
+                tma_store_3d(o_map, rings.o_tile + c * BLOCK_ROWS * SLAB + consumer * GROUP_ROWS * SLAB,
+                             c * SLAB, q0 + consumer * GROUP_ROWS, head_index);
+            bulk_commit();
+        }
+    } else {
+        const size_t head = (size_t)head_index * S * D;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int query = first_query + g + 8 * r;
+            if (query < S)
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) = __floats2half2_rn(
+                        o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]);
+        }
+    }
+}
+
+// The consumer side of the K and V rings: the query tile in hand's key tile n is the rings' item
+// ring + n. k(n) and v(n) wait for its K or V to land; release_k(n) and release_v(n) hand the slot
+// back (one arrival per warp) once its last reader, S = Q Kᵀ or P V, has completed.
+template <int D, int GROUPS, bool SPLIT> struct KvReader {
+    using L = FwdLayout<D, GROUPS, SPLIT>;
+    const FwdRings<D, GROUPS, SPLIT> &rings;
+    int ring;  // K/V tiles of the block's earlier query tiles
+    __device__ const __half *k(int n) const {
+        return rings.k_ring + ring_wait_full<L::K_STAGES, true>(rings.k_full, ring + n) * L::TILE_ELEMS;
+    }
+    __device__ const __half *v(int n) const {
+        return rings.v_ring + ring_wait_full<L::V_STAGES, true>(rings.v_full, ring + n) * L::TILE_ELEMS;
+    }
+    __device__ void release_k(int n) const { mbarrier_arrive_warp(&rings.k_empty[(ring + n) % L::K_STAGES]); }
+    __device__ void release_v(int n) const { mbarrier_arrive_warp(&rings.v_empty[(ring + n) % L::V_STAGES]); }
+};
+
+// The consumer loop of one query tile with the overlap inside the warpgroup (FlashAttention-3):
+// S of key tile n is issued before P V of tile n - 1, and the softmax of tile n runs while that
+// P V is on the tensor cores. Leaves O, the row max and the row sum for the epilogue.
+template <int D, int GROUPS, bool SPLIT>
+__device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                 const KvReader<D, GROUPS, SPLIT> &kv, const __half *q_tile,
+                                                 uint64_t *q_released, int n_tiles, int S, int causal,
+                                                 int first_query, int consumer, const Turns<GROUPS> &turns, int g,
+                                                 int t, float scale_log2) {
+    constexpr int BLOCK_ROWS = FwdLayout<D, GROUPS, SPLIT>::BLOCK_ROWS;
+    float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
+    uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
+    // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
+    // P_{n-1} V_{n-1}; wait for S_n only (the older group) and run its softmax
+    // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
+    // tile n's alpha and pack P_n. O is never touched while a product writes it.
+    const __half *k_tile = kv.k(0);
+    // kStagger: the second warpgroup's first S waits for the first's
+    // (kStaggerBarrier), so the two softmaxes start a product apart.
+    constexpr bool stagger = kStagger && !kPingPong && GROUPS == 2 && D == 128;
+    if (stagger && consumer == 1) named_barrier_sync(kStaggerBarrier, 256);
+    turns.take();
+    issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+    turns.pass();
+    wgmma_wait<0>();
+    if (stagger && consumer == 0) named_barrier_arrive(kStaggerBarrier, 256);
+    fence_operands<KEY_TILE / 2>(s_acc);
+    kv.release_k(0);
+    if (n_tiles == 1) mbarrier_arrive_warp(q_released);
+    online_softmax(s_acc, row_max, row_sum, alpha, 0, S, causal, first_query, g, t, scale_log2);
+    pack_a_frags<KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
+    for (int tile = 1; tile < n_tiles; tile++) {
+        k_tile = kv.k(tile);
+        const __half *v_tile = kv.v(tile - 1);
+        turns.take();
+        issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+        issue_pv<D>(o_acc, p_frag, v_tile);
+        turns.pass();
+        wgmma_wait<1>();
+        fence_operands<KEY_TILE / 2>(s_acc);
+        kv.release_k(tile);
+        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);  // the query tile's last read of Q
+        online_softmax<kSoftmaxUnderPv && D == 128>(s_acc, row_max, row_sum, alpha, tile * KEY_TILE,
+                                                   S, causal, first_query, g, t, scale_log2);
+        wgmma_wait<0>();
+        fence_operands<D / 2>(o_acc);
+        kv.release_v(tile - 1);
+        rescale_rows<D>(o_acc, alpha);
+        pack_a_frags<KEY_TILE>(p_frag, s_acc);
+    }
+    const __half *v_tile = kv.v(n_tiles - 1);
+    turns.take();
+    issue_pv<D>(o_acc, p_frag, v_tile);
+    turns.pass();
+    wgmma_wait<0>();
+    fence_operands<D / 2>(o_acc);
+    kv.release_v(n_tiles - 1);
+}
+
+// The consumer loop of one query tile in order: each step waits for the one before (S, softmax,
+// P V). In a shared-out tile (split) the warpgroups each walk the key tiles they own for the first
+// warpgroup's rows, and merge.
+template <int D, int GROUPS, bool SPLIT>
+__device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                 const KvReader<D, GROUPS, SPLIT> &kv, const __half *q_tile,
+                                                 uint64_t *q_released, int n_tiles, int S, int causal,
+                                                 int first_query, int consumer, const Turns<GROUPS> &turns, int g,
+                                                 int t, float scale_log2, bool split) {
+    using L = FwdLayout<D, GROUPS, SPLIT>;
+    constexpr int BLOCK_ROWS = FwdLayout<D, GROUPS, SPLIT>::BLOCK_ROWS;
+    float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
+    uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
+    // Each step waits for the one before: S, softmax, P V. A key tile this warpgroup
+    // does not own (in a shared-out tile) is only waited for and released: its
+    // slots are free once every warpgroup has arrived.
+    const int q_group = split ? 0 : consumer;  // whose Q rows this warpgroup multiplies
+    const int walk_query = first_query - (split ? consumer * GROUP_ROWS : 0);
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const bool mine = !split || (tile + 1) % GROUPS == consumer;
+        const __half *k_tile = kv.k(tile);
+        turns.take();
+        if (mine) issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, q_group);
+        turns.pass();
+        if (mine) {
+            wgmma_wait<0>();
+            fence_operands<KEY_TILE / 2>(s_acc);
+        }
+        kv.release_k(tile);
+        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);
+        if (mine) {
+            online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, walk_query, g,
+                           t, scale_log2);
+            rescale_rows<D>(o_acc, alpha);
+            pack_a_frags<KEY_TILE>(p_frag, s_acc);
+        }
+        const __half *v_tile = kv.v(tile);
+        turns.take();
+        if (mine) issue_pv<D>(o_acc, p_frag, v_tile);
+        turns.pass();
+        if (mine) {
+            wgmma_wait<0>();
+            fence_operands<D / 2>(o_acc);
+        }
+        kv.release_v(tile);
+    }
+    if (split) merge_shared_out_parts<D, GROUPS, L::MERGE_VALUES>(o_acc, row_max, row_sum, kv.rings.merge, consumer);
+}
+
 template <int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __global__ void __launch_bounds__(FwdLayout<D, GROUPS, SPLIT>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -410,28 +716,10 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
               float *lse_log2, int S, float scale, int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
+    constexpr int Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
-    // Rounded up on the integer value: every access below goes through smem_address (PTX's shared
-    // space), so the lost address space costs nothing here, unlike in the backward, which loads
-    // and stores through these pointers in C++ (smem_align_1024).
-    __half *q_ring = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    __half *k_ring = q_ring + Q_STAGES * L::Q_ELEMS;
-    __half *v_ring = k_ring + K_STAGES * L::TILE_ELEMS;
-    __half *o_tile = v_ring + V_STAGES * L::TILE_ELEMS;  // [D/64][BLOCK_ROWS][64], if L::TMA_STORE
-    // full[s]: K tile in slot s landed, full[K_STAGES + s]: V tile; empty[...]: the consumers are
-    // done with it. K and V have barriers of their own, so S = Q Kᵀ waits for K only. q_full[s] and
-    // q_empty[s] hand Q slot s over the same way, once per query tile (query tile n in slot
-    // n % Q_STAGES).
-    float *merge = (float *)(o_tile + L::O_ELEMS);  // [GROUPS-1][MERGE_VALUES][128], if L::SPLIT
-    uint64_t *full = (uint64_t *)(merge + L::MERGE_FLOATS);
-    uint64_t *empty = full + L::SLOTS;
-    uint64_t *q_full = empty + L::SLOTS, *q_empty = q_full + Q_STAGES;
-    // DYNAMIC: unit_slot[s], the unit whose Q the producer loads into slot s, written before its
-    // arrival on q_full[s] (release) and read by the consumers once they have waited for it
-    // (acquire); schedule.units() when none is left.
-    int *unit_slot = (int *)(q_empty + Q_STAGES);
-    uint64_t *k_full = full, *v_full = full + K_STAGES, *k_empty = empty, *v_empty = empty + K_STAGES;
+    const FwdRings<D, GROUPS, SPLIT> rings(smem_raw);
+    uint64_t *q_full = rings.q_full, *q_empty = rings.q_empty;
     // In the SPLIT build, read through a shuffle from lane 0: the compiler then knows the
     // warpgroup's index is the same in every thread of a warp, so the shared-out tile's branches
     // on it are not divergent (from threadIdx.x alone, that build kept the ring's counters and the
@@ -445,7 +733,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             if (s > 0) mbarrier_init(&q_full[s], 1);
             mbarrier_init(&q_empty[s], 4 * L::GROUPS);
         }
-    init_tma_ring(full, empty, L::SLOTS, 4 * L::GROUPS, q_full);
+    init_tma_ring(rings.k_full, rings.k_empty, L::SLOTS, 4 * L::GROUPS, q_full);  // the K barriers, then V's
 
     // Both roles walk the same tiles in the same order; ring slots are numbered across them.
     if (group == 0) {
@@ -454,48 +742,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
-            int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
-            int fetched = 0;  // DYNAMIC: the next unit, claimed as this one's Q is loaded (below)
-            // Query tile n's Q slot, once the last S = Q Kᵀ of the tile that used it before is done.
-            auto free_q_slot = [&](int n) { return ring_wait_empty<Q_STAGES, true>(q_empty, n); };
-            for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
-                for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
-                    const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
-                    const int head_index = schedule.head<DYNAMIC>(unit);
-                    const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
-                    const int q_slot = free_q_slot(tiles_done);
-                    // DYNAMIC (one tile a unit, one Q slot): the next unit is claimed as this
-                    // one's Q is loaded, not earlier, so that a block holds at most the unit after
-                    // the one in hand and the tail balances better; the atomic's round trip hides
-                    // behind the tile's loads.
-                    if (DYNAMIC) {
-                        fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
-                        *(volatile int *)&unit_slot[q_slot] = unit;
-                    }
-                    mbarrier_arrive_expect_tx(&q_full[q_slot], sizeof(__half) * L::Q_ELEMS);
-                    for (int c = 0; c < D / SLAB; c++)
-                        tma_load_3d(q_ring + q_slot * L::Q_ELEMS + c * BLOCK_ROWS * SLAB, &q_map, c * SLAB, q0,
-                                    head_index, &q_full[q_slot]);
-                    for (int tile = 0; tile < n_tiles; tile++, ring++) {
-                        const int row = tile * KEY_TILE;
-                        const int k_slot = ring_wait_empty<K_STAGES, true>(k_empty, ring);
-                        mbarrier_arrive_expect_tx(&k_full[k_slot], sizeof(__half) * L::TILE_ELEMS);
-                        for (int c = 0; c < D / SLAB; c++)
-                            tma_load_3d(k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &k_map, c * SLAB, row,
-                                        head_index, &k_full[k_slot]);
-                        const int v_slot = ring_wait_empty<V_STAGES, true>(v_empty, ring);
-                        mbarrier_arrive_expect_tx(&v_full[v_slot], sizeof(__half) * L::TILE_ELEMS);
-                        for (int c = 0; c < D / SLAB; c++)
-                            tma_load_3d(v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, &v_map, c * SLAB, row,
-                                        head_index, &v_full[v_slot]);
-                    }
-                }
-            }
-            if (DYNAMIC) {  // no unit left: a phase of the next q_full without Q, its word saying so
-                const int q_slot = free_q_slot(tiles_done);
-                *(volatile int *)&unit_slot[q_slot] = schedule.units();
-                mbarrier_arrive(&q_full[q_slot]);
-            }
+            produce<D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, causal);
         }
     } else {
         setmaxnreg_inc<L::CONSUMER_REGS>();
@@ -508,19 +755,10 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (consumer == L::GROUPS - 1) turns.pass();
         int tiles_done = 0, ring = 0;
 
-        // Ring slots of the query tile's key tile n: wait for K (or V) to land; release them (one
-        // arrival per warp) once their last reader, S = Q Kᵀ (or P V), has completed.
-        auto k_of = [&](int n) { return k_ring + ring_wait_full<K_STAGES, true>(k_full, ring + n) * L::TILE_ELEMS; };
-        auto v_of = [&](int n) { return v_ring + ring_wait_full<V_STAGES, true>(v_full, ring + n) * L::TILE_ELEMS; };
-        auto release_k = [&](int n) { mbarrier_arrive_warp(&k_empty[(ring + n) % K_STAGES]); };
-        auto release_v = [&](int n) { mbarrier_arrive_warp(&v_empty[(ring + n) % V_STAGES]); };
         // One thread of each warpgroup issues its O stores; the warpgroup's own named barrier
         // orders its threads' writes of the staging tile around them.
         const bool o_storer = threadIdx.x % 128 == 0;
         const int o_barrier = kOBarrier0 + consumer;
-        // A shared-out tile's merge: kMergeWritten once the other warpgroups' parts are written,
-        // kMergeRead once the first warpgroup has read them.
-
         // Query tile n's Q slot, once its Q (or, DYNAMIC, the word saying no unit is left) is there.
         auto landed_q_slot = [&](int n) { return ring_wait_full<Q_STAGES, true>(q_full, n); };
         // DYNAMIC: the next unit is the one the producer wrote, read once its Q phase has come.
@@ -529,7 +767,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         // the compiler know the unit is the same in every thread.
         auto producers_unit = [&]() {
             const int q_slot = landed_q_slot(tiles_done);
-            const int written = threadIdx.x % 32 == 0 ? *(volatile int *)&unit_slot[q_slot] : 0;
+            const int written = threadIdx.x % 32 == 0 ? *(volatile int *)&rings.unit_slot[q_slot] : 0;
             return __shfl_sync(0xffffffffu, written, 0);
         };
         for (int unit = DYNAMIC ? producers_unit() : blockIdx.x; unit < schedule.units();
@@ -547,175 +785,23 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 #pragma unroll
                 for (int e = 0; e < D / 2; e++) o_acc[e] = 0.0f;
                 float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-                float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
-                uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
                 const int q_slot = landed_q_slot(tiles_done);
-                const __half *q_tile = q_ring + q_slot * L::Q_ELEMS;
+                const __half *q_tile = rings.q_ring + q_slot * L::Q_ELEMS;
                 uint64_t *q_released = &q_empty[q_slot];
 
-                if constexpr (L::OVERLAP) {
-                    // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
-                    // P_{n-1} V_{n-1}; wait for S_n only (the older group) and run its softmax
-                    // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
-                    // tile n's alpha and pack P_n. O is never touched while a product writes it.
-                    const __half *k_tile = k_of(0);
-                    // kStagger: the second warpgroup's first S waits for the first's
-                    // (kStaggerBarrier), so the two softmaxes start a product apart.
-                    constexpr bool stagger = kStagger && !kPingPong && GROUPS == 2 && D == 128;
-                    if (stagger && consumer == 1) named_barrier_sync(kStaggerBarrier, 256);
-                    turns.take();
-                    issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
-                    turns.pass();
-                    wgmma_wait<0>();
-                    if (stagger && consumer == 0) named_barrier_arrive(kStaggerBarrier, 256);
-                    fence_operands<KEY_TILE / 2>(s_acc);
-                    release_k(0);
-                    if (n_tiles == 1) mbarrier_arrive_warp(q_released);
-                    online_softmax(s_acc, row_max, row_sum, alpha, 0, S, causal, first_query, g, t, scale_log2);
-                    pack_a_frags<KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
-                    for (int tile = 1; tile < n_tiles; tile++) {
-                        k_tile = k_of(tile);
-                        const __half *v_tile = v_of(tile - 1);
-                        turns.take();
-                        issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
-                        issue_pv<D>(o_acc, p_frag, v_tile);
-                        turns.pass();
-                        wgmma_wait<1>();
-                        fence_operands<KEY_TILE / 2>(s_acc);
-                        release_k(tile);
-                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);  // the query tile's last read of Q
-                        online_softmax<kSoftmaxUnderPv && D == 128>(s_acc, row_max, row_sum, alpha, tile * KEY_TILE,
-                                                                   S, causal, first_query, g, t, scale_log2);
-                        wgmma_wait<0>();
-                        fence_operands<D / 2>(o_acc);
-                        release_v(tile - 1);
-                        rescale_rows<D>(o_acc, alpha);
-                        pack_a_frags<KEY_TILE>(p_frag, s_acc);
-                    }
-                    const __half *v_tile = v_of(n_tiles - 1);
-                    turns.take();
-                    issue_pv<D>(o_acc, p_frag, v_tile);
-                    turns.pass();
-                    wgmma_wait<0>();
-                    fence_operands<D / 2>(o_acc);
-                    release_v(n_tiles - 1);
-                } else {
-                    // Each step waits for the one before: S, softmax, P V. A key tile this warpgroup
-                    // does not own (in a shared-out tile) is only waited for and released: its
-                    // slots are free once every warpgroup has arrived.
-                    const int q_group = split ? 0 : consumer;  // whose Q rows this warpgroup multiplies
-                    const int walk_query = first_query - (split ? consumer * GROUP_ROWS : 0);
-                    for (int tile = 0; tile < n_tiles; tile++) {
-                        const bool mine = !split || (tile + 1) % GROUPS == consumer;
-                        const __half *k_tile = k_of(tile);
-                        turns.take();
-                        if (mine) issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, q_group);
-                        turns.pass();
-                        if (mine) {
-                            wgmma_wait<0>();
-                            fence_operands<KEY_TILE / 2>(s_acc);
-                        }
-                        release_k(tile);
-                        if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);
-                        if (mine) {
-                            online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, walk_query, g,
-                                           t, scale_log2);
-                            rescale_rows<D>(o_acc, alpha);
-                            pack_a_frags<KEY_TILE>(p_frag, s_acc);
-                        }
-                        const __half *v_tile = v_of(tile);
-                        turns.take();
-                        if (mine) issue_pv<D>(o_acc, p_frag, v_tile);
-                        turns.pass();
-                        if (mine) {
-                            wgmma_wait<0>();
-                            fence_operands<D / 2>(o_acc);
-                        }
-                        release_v(tile);
-                    }
-                    if (split) {
-                        // Merge the partial results into the first warpgroup's registers: thread i
-                        // of every warpgroup holds the same rows and columns. Each part is scaled
-                        // from its own row max to the largest (2^-inf = 0 for a part with no keys:
-                        // with one key tile the first and the third warpgroup have none, with two
-                        // the first; but the second owns tile 0 and is merged first, so the max is
-                        // finite from then on and no -inf - -inf arises).
-                        const int lane128 = threadIdx.x % 128;
-                        if (consumer > 0) {
-                            float *mine_out = merge + (consumer - 1) * L::MERGE_VALUES * 128 + lane128;
-#pragma unroll
-                            for (int e = 0; e < D / 2; e++) mine_out[e * 128] = o_acc[e];
-#pragma unroll
-                            for (int r = 0; r < 2; r++) {
-                                mine_out[(D / 2 + r) * 128] = row_max[r];
-                                mine_out[(D / 2 + 2 + r) * 128] = row_sum[r];
-                            }
-                        }
-                        named_barrier_sync(kMergeWritten, 128 * GROUPS);
-                        if (consumer == 0) {
-#pragma unroll
-                            for (int part = 0; part < GROUPS - 1; part++) {
-                                const float *theirs = merge + part * L::MERGE_VALUES * 128 + lane128;
-                                float own_factor[2], their_factor[2];
-#pragma unroll
-                                for (int r = 0; r < 2; r++) {
-                                    const float their_max = theirs[(D / 2 + r) * 128];
-                                    const float new_max = fmaxf(row_max[r], their_max);
-                                    own_factor[r] = exp2_of(row_max[r] - new_max);
-                                    their_factor[r] = exp2_of(their_max - new_max);
-                                    row_max[r] = new_max;
-                                    row_sum[r] = row_sum[r] * own_factor[r] +
-                                                 theirs[(D / 2 + 2 + r) * 128] * their_factor[r];
-                                }
-#pragma unroll
-                                for (int e = 0; e < D / 2; e++)
-                                    o_acc[e] = o_acc[e] * own_factor[(e / 2) % 2] + theirs[e * 128] * their_factor[(e / 2) % 2];
-                            }
-                        }
-                        // The area is written again only once the first warpgroup has read it.
-                        named_barrier_sync(kMergeRead, 128 * GROUPS);
-                    }
-                }
+                const KvReader<D, GROUPS, SPLIT> kv{rings, ring};
+                if constexpr (L::OVERLAP)
+                    attend_overlapped<D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
+                                                        causal, first_query, consumer, turns, g, t, scale_log2);
+                else
+                    attend_in_order<D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
+                                                      causal, first_query, consumer, turns, g, t, scale_log2, split);
                 ring += n_tiles;
                 // In a shared-out tile the other warpgroups' rows are all past S: their epilogue
                 // below stores nothing.
 
-                // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
-                float inv[2];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float l = row_sum[r];
-                    l += __shfl_xor_sync(0xffffffffu, l, 1);
-                    l += __shfl_xor_sync(0xffffffffu, l, 2);
-                    inv[r] = 1.0f / l;
-                    const int query = first_query + g + 8 * r;
-                    if (query < S && t == 0) lse_log2[(size_t)head_index * S + query] = row_max[r] + log2f(l);
-                }
-                if constexpr (L::TMA_STORE) {
-                    // The staging tile is free once the previous query tile's store has read it.
-                    if (o_storer) bulk_wait_read<0>();
-                    named_barrier_sync(o_barrier, 128);
-                    store_acc_tile<D, BLOCK_ROWS>(o_tile, warp_row0, o_acc, inv, g, t);  // O / l
-                    fence_proxy_async_shared();
-                    named_barrier_sync(o_barrier, 128);
-                    if (o_storer) {  // the warpgroup's 64 rows; rows past S are not written
-                        for (int c = 0; c < D / SLAB; c++)
-                            tma_store_3d(&o_map, o_tile + c * BLOCK_ROWS * SLAB + consumer * GROUP_ROWS * SLAB,
-                                         c * SLAB, q0 + consumer * GROUP_ROWS, head_index);
-                        bulk_commit();
-                    }
-                } else {
-                    const size_t head = (size_t)head_index * S * D;
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const int query = first_query + g + 8 * r;
-                        if (query < S)
-#pragma unroll
-                            for (int j = 0; j < D / 8; j++)
-                                *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) = __floats2half2_rn(
-                                    o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]);
-                    }
-                }
+                store_query_tile<D, GROUPS, SPLIT>(o_acc, row_max, row_sum, rings, &o_map, o, lse_log2, S, head_index, q0,
+                                                   first_query, warp_row0, consumer, o_storer, o_barrier, g, t);
             }
         // The block's shared memory must outlive the last store's reads of it.
         if (L::TMA_STORE && o_storer) bulk_wait_read<0>();
