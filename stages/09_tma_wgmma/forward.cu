@@ -186,8 +186,9 @@
 #ifndef SOFTMAX_UNDER_PV
 #define SOFTMAX_UNDER_PV 1
 #endif
-constexpr bool kStagger = STAGGER;
-constexpr bool kSoftmaxUnderPv = SOFTMAX_UNDER_PV;
+// Read only by attend_overlapped, which a build without the overlap never instantiates.
+[[maybe_unused]] constexpr bool kStagger = STAGGER;
+[[maybe_unused]] constexpr bool kSoftmaxUnderPv = SOFTMAX_UNDER_PV;
 constexpr bool kPingPong = PINGPONG;
 constexpr bool kIntraOverlap = INTRA_OVERLAP;
 constexpr bool kOverlapThreeGroups = OVERLAP_THREE_GROUPS;
