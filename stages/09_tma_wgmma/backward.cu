@@ -37,6 +37,9 @@
 // products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
 // without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the
 // previous one has been read.
+// backward_dk_dv's steps are named functions: bwd_produce (the producer loop), write_dq (the dQ
+// writer thread), probabilities_t and ds_t (Pᵀ and dSᵀ of a walked tile), stage_dq (a tile's dQ
+// handed to the writer) and store_dk_dv (the epilogue).
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -311,6 +314,134 @@ __device__ inline void store_ds_frags(__half *ds_tile, int ds_row0, const uint32
         }
 }
 
+// The dQ writer, one thread of the producer warpgroup: each staged tile of dQ is added to the
+// float dQ by one bulk reduction of 64 x D floats (the L2 does the adds), and its slot handed back
+// once it is read.
+template <int D>
+__device__ __forceinline__ void write_dq(const BwdSmem &m, float *dq_accum, int *dq_heads_done, int S, int head_index,
+                                         int first_tile, int n_tiles) {
+    using L = BwdLayout<D>;
+    grid_dependency_wait();  // backward_delta has zeroed the float dQ
+    const size_t head_tiles = (size_t)head_index * ceil_div(S, BWD_WALK);
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int dq_slot = ring_wait_full<L::DQ_SLOTS, true>(m.dq_full, tile);
+        for (int part = 0; part < L::DQ_GROUP_TILES; part++)
+            bulk_reduce_add_f32(dq_accum + (head_tiles + first_tile + tile) * L::DQ_TILE_ELEMS,
+                                m.dq_stage + (dq_slot * L::DQ_GROUP_TILES + part) * L::DQ_TILE_ELEMS,
+                                sizeof(float) * L::DQ_TILE_ELEMS);
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbarrier_arrive(&m.dq_empty[dq_slot]);
+    }
+    bulk_wait<0>();  // the adds are done before the block's shared memory goes
+    if (kEarlyDqConversion) {  // and this key block's share of its head's dQ is in place
+        fence_proxy_async_global();
+        counter_add_release(&dq_heads_done[head_index], 1);
+    }
+}
+
+// A walked tile's share of dQ, from this warpgroup's accumulators (DQ_COLS columns from dq_col0 of
+// the warp's 16 rows). With bulk reductions, it goes into its staging slot once the writer thread
+// has added the slot's last tile (write_dq), then is handed to the writer, which adds it to the
+// float dQ in global memory. Without, each thread adds its accumulators to the float dQ itself,
+// four floats per reduction, where the staged tile has them.
+template <int D, int DQ_COLS, bool PER_GROUP>
+__device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], const BwdSmem &m, float *dq_accum, int tile,
+                                         int first_tile, int head_index, int S, int consumer, int warp_row0,
+                                         int dq_col0, int g, int t) {
+    constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
+    const int dq_slot = tile % DQ_SLOTS;
+    float *dq_tile;  // the staging slot's tile, or the walked tile's in the float dQ
+    if constexpr (kBulkReduceDq) {
+        ring_wait_empty<DQ_SLOTS, true>(m.dq_empty, tile);  // returns dq_slot
+        dq_tile = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (PER_GROUP ? consumer : 0)) *
+                                   BwdLayout<D>::DQ_TILE_ELEMS;
+    } else {
+        const size_t tile_index = (size_t)head_index * ceil_div(S, BWD_WALK) + first_tile + tile;
+        dq_tile = dq_accum + tile_index * BwdLayout<D>::DQ_TILE_ELEMS;
+    }
+#pragma unroll
+    for (int j = 0; j < DQ_COLS / 8; j++) {
+        float *dst = dq_tile + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t);
+        const float4 sums = make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
+        if constexpr (kBulkReduceDq)
+            *(float4 *)dst = sums;
+        else
+            red_add_v4_f32(dst, sums);
+    }
+    if constexpr (kBulkReduceDq) {
+        fence_proxy_async_shared();
+        mbarrier_arrive_warp(&m.dq_full[dq_slot]);
+    }
+}
+
+// The block's dK (times the softmax scale) and dV, once every walked tile is done. Through
+// shared memory by TMA stores (kTmaStoreDkDv), or by every thread from its registers.
+// BOTH_GROUPS: a group's dQ product has read the keys of both groups.
+template <int D, bool BOTH_GROUPS>
+__device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const float (&dv_acc)[D / 2], const BwdSmem &m,
+                                            const CUtensorMap *dk_map, const CUtensorMap *dv_map, __half *dk, __half *dv,
+                                            float scale, int S, int head_index, int k0, int consumer, int group_row0,
+                                            int warp_row0, int warp_key0, int lane, int g, int t) {
+    if constexpr (kTmaStoreDkDv) {
+        // The owned tiles become the staging tiles once no warpgroup reads them: where a
+        // group's dQ product reads the keys of both (atomic dQ at D = 128, or at D = 64 too
+        // with DQ_PER_GROUP=0), once both are done; else each group's own rows once it is.
+        // Rows past S are not written.
+        if (BOTH_GROUPS)
+            named_barrier_sync(1, 128 * BWD_GROUPS);
+        else
+            named_barrier_sync(2 + consumer, 128);
+        store_acc_tile<D, BWD_OWN>(m.own_a, group_row0 + warp_row0, dk_acc, {scale, scale}, g, t);
+        store_acc_tile<D, BWD_OWN>(m.own_b, group_row0 + warp_row0, dv_acc, {1.0f, 1.0f}, g, t);
+        fence_proxy_async_shared();
+        named_barrier_sync(2 + consumer, 128);
+        if (threadIdx.x % 128 == 0) {
+            for (int c = 0; c < D / 64; c++) {
+                const int offset = c * BWD_OWN * 64 + group_row0 * 64;
+                tma_store_3d(dk_map, m.own_a + offset, c * 64, k0 + group_row0, head_index);
+                tma_store_3d(dv_map, m.own_b + offset, c * 64, k0 + group_row0, head_index);
+            }
+            bulk_commit();
+            bulk_wait_read<0>();  // the block's shared memory must outlive the stores' reads
+        }
+    } else {
+        const size_t head = (size_t)head_index * S * D;
+        store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
+        store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
+    }
+}
+
+// Pᵀ, in place of Sᵀ (64 keys x 64 queries of a walked tile, this thread's 32 values: keys
+// warp_key0 + g and + 8, queries q_start + 8j + 2t and + 1), from each query's lse in log2 units
+// (col_lse). Keys after their query are masked where the tile reaches the diagonal, and keys past
+// S where the block has them (KEYS_PAST_S).
+template <bool KEYS_PAST_S>
+__device__ __forceinline__ void probabilities_t(float (&st_acc)[32], const float *col_lse, float scale_log2, bool diagonal,
+                                                int warp_key0, int q_start, int S, int g, int t) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float2 lse_pair = *(const float2 *)&col_lse[8 * j + 2 * t];  // queries 8j + 2t, + 1
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
+            const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - (e & 1 ? lse_pair.y : lse_pair.x));
+            st_acc[4 * j + e] = (diagonal && key > query) || (KEYS_PAST_S && key >= S) ? 0.0f : p;
+        }
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place of dPᵀ, with each query's δ (col_delta).
+__device__ __forceinline__ void ds_t(float (&dpt_acc)[32], const float (&pt_acc)[32], const float *col_delta, int t) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float2 delta_pair = *(const float2 *)&col_delta[8 * j + 2 * t];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dpt_acc[4 * j + e] = pt_acc[4 * j + e] * (dpt_acc[4 * j + e] - (e & 1 ? delta_pair.y : delta_pair.x));
+    }
+}
+
 // dK, dV (and with ATOMIC dQ's share) for BWD_OWN keys per block; query tiles (Q and dO) stream
 // through the ring. Everything is computed transposed (keys as rows), so that Pᵀ and dSᵀ come out
 // as accumulators with keys as rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q. KEYS_PAST_S:
@@ -341,28 +472,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
             bwd_produce<D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
-        if (ATOMIC && kBulkReduceDq && threadIdx.x == 32) {
-            // The dQ writer: each staged tile is added to the float dQ by one bulk reduction of
-            // 64 x D floats (the L2 does the adds), and its slot handed back once it is read.
-            grid_dependency_wait();  // backward_delta has zeroed the float dQ
-            const size_t head_tiles = (size_t)head_index * ceil_div(S, BWD_WALK);
-            using L = BwdLayout<D>;
-            for (int tile = 0; tile < n_tiles; tile++) {
-                const int dq_slot = ring_wait_full<L::DQ_SLOTS, true>(m.dq_full, tile);
-                for (int part = 0; part < L::DQ_GROUP_TILES; part++)
-                    bulk_reduce_add_f32(dq_accum + (head_tiles + first_tile + tile) * L::DQ_TILE_ELEMS,
-                                        m.dq_stage + (dq_slot * L::DQ_GROUP_TILES + part) * L::DQ_TILE_ELEMS,
-                                        sizeof(float) * L::DQ_TILE_ELEMS);
-                bulk_commit();
-                bulk_wait_read<0>();
-                mbarrier_arrive(&m.dq_empty[dq_slot]);
-            }
-            bulk_wait<0>();  // the adds are done before the block's shared memory goes
-            if (kEarlyDqConversion) {  // and this key block's share of its head's dQ is in place
-                fence_proxy_async_global();
-                counter_add_release(&dq_heads_done[head_index], 1);
-            }
-        }
+        if (ATOMIC && kBulkReduceDq && threadIdx.x == 32)
+            write_dq<D>(m, dq_accum, dq_heads_done, S, head_index, first_tile, n_tiles);
     } else {
         setmaxnreg_inc<240>();
         const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -433,26 +544,10 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             // row's scores are all below about -11: dQ += dS K would turn that Inf times the zero
             // row into NaN, so they are masked too.
             const bool diagonal = causal && q_start < k0 + BWD_OWN;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float2 lse_pair = *(const float2 *)&col_lse[8 * j + 2 * t];  // queries 8j + 2t, + 1
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
-                    const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - (e & 1 ? lse_pair.y : lse_pair.x));
-                    st_acc[4 * j + e] = (diagonal && key > query) || (KEYS_PAST_S && key >= S) ? 0.0f : p;
-                }
-            }
+            probabilities_t<KEYS_PAST_S>(st_acc, col_lse, scale_log2, diagonal, warp_key0, q_start, S, g, t);
             wgmma_wait<0>();
             fence_operands<32>(dpt_acc);
-            // dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place.
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float2 delta_pair = *(const float2 *)&col_delta[8 * j + 2 * t];
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    dpt_acc[4 * j + e] = st_acc[4 * j + e] * (dpt_acc[4 * j + e] - (e & 1 ? delta_pair.y : delta_pair.x));
-            }
+            ds_t(dpt_acc, st_acc, col_delta, t);  // dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place of dPᵀ
             uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
             pack_a_frags<BWD_WALK>(pt_frag, st_acc);
             pack_a_frags<BWD_WALK>(dst_frag, dpt_acc);
@@ -495,34 +590,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             if constexpr (ATOMIC) {
                 wgmma_wait<2>();  // dQ; dV and dK still run
                 fence_operands<DQ_COLS / 2>(dq_acc);
-                // With bulk reductions, dQ goes into its staging slot once the writer warp has
-                // added the slot's last tile, then is handed to the writer, which adds it to the
-                // float dQ in global memory. Without, each thread adds its accumulators to the
-                // float dQ itself, four floats per reduction, where the staged tile has them.
-                constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
-                const int dq_slot = tile % DQ_SLOTS;
-                float *dq_tile;  // the staging slot's tile, or the walked tile's in the float dQ
-                if constexpr (kBulkReduceDq) {
-                    ring_wait_empty<DQ_SLOTS, true>(m.dq_empty, tile);  // returns dq_slot
-                    dq_tile = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (kPerGroup ? consumer : 0)) *
-                                               BwdLayout<D>::DQ_TILE_ELEMS;
-                } else {
-                    const size_t tile_index = (size_t)head_index * ceil_div(S, BWD_WALK) + first_tile + tile;
-                    dq_tile = dq_accum + tile_index * BwdLayout<D>::DQ_TILE_ELEMS;
-                }
-#pragma unroll
-                for (int j = 0; j < DQ_COLS / 8; j++) {
-                    float *dst = dq_tile + dq_stage_index<D>(warp_row0 + g, dq_col0 + 8 * j + 2 * t);
-                    const float4 sums = make_float4(dq_acc[4 * j], dq_acc[4 * j + 1], dq_acc[4 * j + 2], dq_acc[4 * j + 3]);
-                    if constexpr (kBulkReduceDq)
-                        *(float4 *)dst = sums;
-                    else
-                        red_add_v4_f32(dst, sums);
-                }
-                if constexpr (kBulkReduceDq) {
-                    fence_proxy_async_shared();
-                    mbarrier_arrive_warp(&m.dq_full[dq_slot]);
-                }
+                stage_dq<D, DQ_COLS, kPerGroup>(dq_acc, m, dq_accum, tile, first_tile, head_index, S, consumer, warp_row0,
+                                                dq_col0, g, t);
             }
             wgmma_wait<0>();
             fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
@@ -530,33 +599,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         }
         wgmma_wait<0>();
         fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-        if constexpr (kTmaStoreDkDv) {
-            // The owned tiles become the staging tiles once no warpgroup reads them: where a
-            // group's dQ product reads the keys of both (atomic dQ at D = 128, or at D = 64 too
-            // with DQ_PER_GROUP=0), once both are done; else each group's own rows once it is.
-            // Rows past S are not written.
-            if (kDqReadsBothGroups)
-                named_barrier_sync(1, 128 * BWD_GROUPS);
-            else
-                named_barrier_sync(2 + consumer, 128);
-            store_acc_tile<D, BWD_OWN>(m.own_a, group_row0 + warp_row0, dk_acc, {scale, scale}, g, t);
-            store_acc_tile<D, BWD_OWN>(m.own_b, group_row0 + warp_row0, dv_acc, {1.0f, 1.0f}, g, t);
-            fence_proxy_async_shared();
-            named_barrier_sync(2 + consumer, 128);
-            if (threadIdx.x % 128 == 0) {
-                for (int c = 0; c < D / 64; c++) {
-                    const int offset = c * BWD_OWN * 64 + group_row0 * 64;
-                    tma_store_3d(&dk_map, m.own_a + offset, c * 64, k0 + group_row0, head_index);
-                    tma_store_3d(&dv_map, m.own_b + offset, c * 64, k0 + group_row0, head_index);
-                }
-                bulk_commit();
-                bulk_wait_read<0>();  // the block's shared memory must outlive the stores' reads
-            }
-        } else {
-            const size_t head = (size_t)head_index * S * D;
-            store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
-            store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
-        }
+        store_dk_dv<D, kDqReadsBothGroups>(dk_acc, dv_acc, m, &dk_map, &dv_map, dk, dv, scale, S, head_index, k0, consumer,
+                                           group_row0, warp_row0, warp_key0, lane, g, t);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)dk_map, (void)dv_map, (void)lse_log2, (void)delta;
