@@ -350,10 +350,10 @@ __device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], con
                                          int first_tile, int head_index, int S, int consumer, int warp_row0,
                                          int dq_col0, int g, int t) {
     constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
-    const int dq_slot = tile % DQ_SLOTS;
-    float *dq_tile;  // the staging slot's tile, or the walked tile's in the float dQ
+    int dq_slot = 0;  // with bulk reductions, the staging slot
+    float *dq_tile;   // the staging slot's tile, or the walked tile's in the float dQ
     if constexpr (kBulkReduceDq) {
-        ring_wait_empty<DQ_SLOTS, true>(m.dq_empty, tile);  // returns dq_slot
+        dq_slot = ring_wait_empty<DQ_SLOTS, true>(m.dq_empty, tile);
         dq_tile = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (PER_GROUP ? consumer : 0)) *
                                    BwdLayout<D>::DQ_TILE_ELEMS;
     } else {
