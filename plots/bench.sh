@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# bench.sh STAGE... - run every stage over plots/shapes.txt on the GPU (the forward, then the
-# backward of the stages that have one), then the peers (plots/peers.py: PyTorch's SDPA backends,
-# forward and backward, and FlashAttention-3 where it can be imported), the stages' ablation
-# builds (plots/ablations.py) and the GPU's ceilings; write plots/data/<gpu>.csv,
-# <gpu>_ablations.csv and <gpu>_ceilings.csv and render the charts. Run it through
-# `cmake --workflow --preset bench` (README), which builds first and sets FLASH_STAGES_BIN.
+# bench.sh [--parts LIST] [--merge] STAGE... - run every stage over plots/shapes.txt on the GPU
+# (the forward, then the backward of the stages that have one), then the peers (plots/peers.py:
+# PyTorch's SDPA backends, forward and backward, and FlashAttention-3 where it can be imported),
+# the stages' ablation builds and ladder steps (plots/ablations.py) and the GPU's ceilings; write
+# plots/data/<gpu>.csv, <gpu>_ablations.csv, <gpu>_ladders.csv and <gpu>_ceilings.csv and render
+# the charts. Run it through `cmake --workflow --preset bench` (README), which builds first and
+# sets FLASH_STAGES_BIN.
+#
+# --parts LIST (comma-separated; default sweep,peers,ablations,ladders,ceilings) runs only those
+# parts, and --merge puts their rows into the CSVs already there (plots/merge_rows.py) instead of
+# replacing them: where one command may not run for the whole benchmark, run it as several, for
+# instance `--parts sweep --merge 01_naive_3pass ... 05_wmma_qk`, then the other stages, then
+# `--parts peers,ceilings --merge`, on the same machine.
 #
 # Each measurement is checked against the float64 reference before it is timed; a stage that
 # cannot run a shape (memory, or unsupported) says so and the sweep goes on. Exit status is
@@ -14,8 +21,23 @@ cd "$(dirname "$0")/.."
 source plots/gpu_slug.sh
 
 bin=${FLASH_STAGES_BIN:-build/bin}
+parts=sweep,peers,ablations,ladders,ceilings merge=0
+while [ $# -gt 0 ]; do
+    case $1 in
+    --parts) parts=${2:?--parts needs a list}; shift 2 ;;
+    --merge) merge=1; shift ;;
+    *) break ;;
+    esac
+done
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || { echo "usage: FLASH_STAGES_BIN=build/bin $0 STAGE..." >&2; exit 2; }
+usage="usage: FLASH_STAGES_BIN=build/bin $0 [--parts sweep,peers,ablations,ladders,ceilings] [--merge] STAGE..."
+for part in ${parts//,/ }; do
+    case $part in sweep | peers | ablations | ladders | ceilings) ;; *) echo "bench: unknown part '$part'; $usage" >&2; exit 2 ;; esac
+done
+has_part() { [[ ",$parts," == *",$1,"* ]]; }
+if has_part sweep || has_part ablations || has_part ladders; then
+    [ ${#stages[@]} -gt 0 ] || { echo "$usage" >&2; exit 2; }
+fi
 
 if ! gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) ||
     [ -z "$gpu_name" ]; then
@@ -32,6 +54,7 @@ mapfile -t shapes < <(grep -v '^#' plots/shapes.txt | grep -v '^ *$')
 echo "bench: $gpu_name, ${#stages[@]} stages x ${#shapes[@]} shapes, commit $FLASH_STAGES_COMMIT -> $out"
 n=0 failures=0 start=$SECONDS
 for pass in forward backward; do
+    has_part sweep || break
     for stage in "${stages[@]}"; do
         for shape in "${shapes[@]}"; do
             read -r B H S D causal <<<"$shape"
@@ -55,19 +78,39 @@ for pass in forward backward; do
     done
 done
 
-echo "bench: the peers on the same shapes (plots/peers.py), forward and backward"
-python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
-python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
-echo "bench: the ablation builds (plots/ablations.py)"
-python3 plots/ablations.py --csv "plots/data/${slug}_ablations.csv" "${stages[@]}" || failures=$((failures + 1))
-echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"
+if has_part peers; then
+    echo "bench: the peers on the same shapes (plots/peers.py), forward and backward"
+    python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
+    python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
+fi
+merge_flag=()
+[ $merge = 1 ] && merge_flag=(--merge)
+if has_part ablations; then
+    echo "bench: the ablation builds (plots/ablations.py)"
+    python3 plots/ablations.py "${merge_flag[@]}" --csv "plots/data/${slug}_ablations.csv" "${stages[@]}" ||
+        failures=$((failures + 1))
+fi
+if has_part ladders; then
+    echo "bench: the ladder steps (plots/ablations.py --ladders)"
+    python3 plots/ablations.py --ladders "${merge_flag[@]}" --csv "plots/data/${slug}_ladders.csv" "${stages[@]}" ||
+        failures=$((failures + 1))
+fi
 ceilings_tmp=$(mktemp "${TMPDIR:-/tmp}/ceilings.XXXXXX.csv")
-python3 plots/ceilings.py --csv "$ceilings_tmp" || failures=$((failures + 1))
+if has_part ceilings; then
+    echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"
+    python3 plots/ceilings.py --csv "$ceilings_tmp" || failures=$((failures + 1))
+fi
 
 mkdir -p plots/data
-mv "$tmp" "$out"
+if [ $merge = 1 ]; then
+    python3 plots/merge_rows.py "$tmp" "$out" && rm -f "$tmp"
+elif has_part sweep || has_part peers; then
+    mv "$tmp" "$out"
+fi
+rm -f "$tmp"
 [ -s "$ceilings_tmp" ] && mv "$ceilings_tmp" "plots/data/${slug}_ceilings.csv"
-echo "bench: wrote $out ($(($(wc -l <"$out") - 1)) rows) in $((SECONDS - start)) s"
+rm -f "$ceilings_tmp"
+[ -f "$out" ] && echo "bench: $out has $(($(wc -l <"$out") - 1)) rows; this run took $((SECONDS - start)) s"
 if command -v gnuplot >/dev/null; then
     bash plots/render.sh
 else

@@ -20,12 +20,16 @@ its own report page. One CSV loader (read_csv), one sweep filter (on_sweep), one
 
 import csv
 import functools
+import os
 import pathlib
 import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 H100 = "plots/data/h100.csv"
+# The ladders (ladder_table) were first measured on an H200, and the lessons' ladder tables come
+# from that GPU's run, the "ladders" companion of its CSV.
+LADDER_GPU = "plots/data/h200.csv"
 SEQS = [512 * 2**i for i in range(6)]  # the sweep: S = 512 ... 16384
 CELLS = [(64, 0), (64, 1), (128, 0), (128, 1)]  # the D x causal columns of every sweep table
 CELL_HEADER = ["D=64", "D=64 causal", "D=128", "D=128 causal"]
@@ -98,6 +102,26 @@ def read_ablations(stage):
             fields = [f.strip() for f in line.split("|")]
             builds.append({"name": fields[0], "passes": fields[1].split(), "what": fields[3]})
     return {"builds": builds, "seqs": seqs, "small": small, "peer": peer}
+
+
+def read_ladder(stage):
+    """stages/<stage>/ladder.txt: per pass ("fwd", "bwd"), what step 0 is and the ideas in the
+    order they are switched on (name, the -D definitions that switch each off, the idea); or None
+    without the file. Step k of a pass is the build <stage>.<pass>_step<k>, which has that pass's
+    ideas k + 1, k + 2, ... switched off; the step after the last idea is the stage as built."""
+    path = ROOT / "stages" / stage / "ladder.txt"
+    if not path.exists():
+        return None
+    ladder = {}
+    for line in path.read_text().splitlines():
+        step0 = re.match(r"^# step 0 \((fwd|bwd)\): (.*)$", line)
+        if step0:
+            ladder.setdefault(step0.group(1), {"base": "", "ideas": []})["base"] = step0.group(2)
+        elif line.strip() and not line.startswith("#"):
+            name, pass_, definitions, idea = (f.strip() for f in line.split("|"))
+            ladder.setdefault(pass_, {"base": "", "ideas": []})["ideas"].append(
+                {"name": name, "definitions": definitions.split(), "idea": idea})
+    return ladder
 
 
 def no_data(path, what="H100 measurements"):
@@ -304,6 +328,72 @@ def ablation_table(csv_path, stage, only=None, seqs=None):
         lines += markdown_table(["build", "pass"] + described + CELL_HEADER, table,
                                 ["---", "---"] + ["---"] * len(described) + ["---:"] * 4)
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# The ladders: a stage's ideas switched on one at a time (stages/<stage>/ladder.txt).
+
+def switch_lines(stage, definitions, most=4):
+    """Links, relative to the stage's folder, to the lines that read the switches of one idea: each
+    macro's #ifndef, then the code lines that use the macro or its constant (SWIZZLE or kSwizzle)."""
+    files = sorted((ROOT / "stages" / stage).glob("*.cu")) + sorted((ROOT / "stages" / stage).glob("*.h"))
+    files += sorted((ROOT / "common").glob("*.cuh"))
+    switches, found = [], []
+    for definition in definitions:
+        macro = definition.split("=")[0]
+        constant = "k" + "".join(word.capitalize() for word in macro.split("_"))
+        uses = re.compile(rf"\b({macro}|{constant})\b")
+        for path in files:
+            lines = path.read_text().splitlines()
+            for number, line in enumerate(lines, 1):
+                code = line.split("//")[0]
+                if line.startswith(f"#ifndef {macro}"):
+                    switches.append((path, number))
+                elif (uses.search(code) and not code.startswith("#") and
+                      not re.match(rf"^\s*(\[\[maybe_unused\]\] )?constexpr \w+ {constant}\b", code)):
+                    found.append((path, number))
+    found = list(dict.fromkeys(switches + sorted(found)))
+    link = lambda path, number: f"[{path.name}:{number}]({os.path.relpath(path, ROOT / 'stages' / stage)}#L{number})"
+    shown = [link(*f) for f in found[:most]]
+    return ", ".join(shown) + (f" and {len(found) - most} more" if len(found) > most else "")
+
+
+def ladder_table(csv_path, stage, direction):
+    """A stage's ladder in one pass: TFLOP/s at S = 4096 of the previous stage, of step 0 and of
+    each step that switches one more idea on (the last is the stage as built), with the gain over
+    the row above and links to the lines that read the idea's switch."""
+    ladder = read_ladder(stage)
+    if ladder is None or direction not in ladder:
+        return None
+    path = companion(csv_path, "ladders")
+    rows = read_csv(path)
+    if not rows:
+        return [f"_No ladder measurements committed yet ({path})._"]
+    tf = {key_of(r): num(r, "tflops") for r in rows if int(r["seq"]) == 4096}
+    ideas = ladder[direction]["ideas"]
+    previous = sorted(p.name for p in (ROOT / "stages").glob(f"{int(stage[:2]) - 1:02d}_*"))
+    programs = ([(previous[0], f"stage {previous[0][:2]}", "the previous stage, as built", "")]
+                if previous and (previous[0], 4096, 64, 0, direction) in tf else [])
+    programs.append((f"{stage}.{direction}_step0", "0", ladder[direction]["base"], ""))
+    for k, idea in enumerate(ideas, 1):
+        program = stage if k == len(ideas) else f"{stage}.{direction}_step{k}"
+        label = f"{k} (the stage)" if k == len(ideas) else str(k)
+        programs.append((program, label, f"+ {idea['name'].replace('_', ' ')}: {idea['idea']}",
+                         switch_lines(stage, idea["definitions"])))
+    table, above = [], None
+    for program, label, idea, lines in programs:
+        cells = []
+        for D, c in CELLS:
+            x = tf.get((program, 4096, D, c, direction))
+            y = tf.get((above, 4096, D, c, direction)) if above else None
+            cells.append("-" if x is None else f"{x:.1f}" if y is None else f"{x:.1f} ({x / y:.2f}x)")
+        table.append([label, idea] + cells + [lines])
+        above = program
+    return [f"{'Forward' if direction == 'fwd' else 'Backward'} TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the "
+            f"{rows[-1]['gpu']}, one run of `plots/ablations.py --ladders`, from `{path}`; in brackets the gain "
+            "over the row above:", ""] + markdown_table(
+        ["step", "idea switched on"] + CELL_HEADER + ["the switch in the code"], table,
+        ["---", "---"] + ["---:"] * 4 + ["---"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,6 +646,11 @@ def report_page(csv_path):
         ablations = ablation_table(csv_path, stage)
         if ablations and (ROOT / companion(csv_path, "ablations")).exists():
             lines += [""] + ablations
+        if (ROOT / companion(csv_path, "ladders")).exists():
+            for direction in ("fwd", "bwd"):
+                ladder = ladder_table(csv_path, stage, direction)
+                if ladder:
+                    lines += [""] + ladder
         if (ROOT / companion(csv_path, "profiles")).exists():
             lines += [""] + profile_table(csv_path, stage)
     return "\n".join(lines) + "\n"
@@ -592,6 +687,8 @@ def blocks():
         yield path, f"{stage}:bwd", stage_table(H100, stage, "bwd")
         yield path, f"{stage}:ablations", ablation_table(H100, stage) or []
         yield path, f"{stage}:profile", profile_table(H100, stage)
+        yield path, f"{stage}:ladder", ladder_table(LADDER_GPU, stage, "fwd") or []
+        yield path, f"{stage}:ladder_bwd", ladder_table(LADDER_GPU, stage, "bwd") or []
 
 
 def with_block(text, key, lines):
@@ -607,7 +704,7 @@ def with_block(text, key, lines):
 def bench_csvs():
     """The benchmark's CSVs, plots/data/<gpu>.csv, without the others that share the folder."""
     return sorted(f"plots/data/{p.name}" for p in (ROOT / "plots" / "data").glob("*.csv")
-                  if not re.search(r"_(ceilings|ablations|profiles|training)\.csv$", p.name))
+                  if not re.search(r"_(ceilings|ablations|ladders|profiles|training)\.csv$", p.name))
 
 
 def main(argv):
