@@ -262,20 +262,14 @@ def ratio_table(csv_path, stage, peer, direction="fwd", first=2048):
         [f"{stage} / {peer}", f"S = {seqs[0]}"] + [str(S) for S in seqs[1:]], table)
 
 
-def ablation_table(csv_path, stage, only=None, seqs=None):
+def ablation_table(csv_path, stage):
     """A stage's ablation builds (plots/ablations.py): TFLOP/s at each sequence length its
     ablations.txt names, of the stage as built and of each build with one idea switched off, with
     the ratio to the stage as built; the previous stage's as-built row, and the PyTorch peer that
-    the file names, from the sweep of the same GPU's CSV. With `only` (build names) and `seqs`,
-    just those builds at those lengths beside the stage as built: a lesson's short table."""
+    the file names, from the sweep of the same GPU's CSV."""
     listed = read_ablations(stage)
     if listed is None:
         return None
-    if only is not None:
-        listed = {**listed, "builds": [b for name in only for b in listed["builds"] if b["name"] == name],
-                  "peer": ""}
-    if seqs is not None:
-        listed = {**listed, "seqs": seqs}
     path = companion(csv_path, "ablations")
     rows = read_csv(path)
     if not rows:
@@ -289,7 +283,7 @@ def ablation_table(csv_path, stage, only=None, seqs=None):
     for r in rows:
         tf[key_of(r)] = num(r, "tflops")
     previous = sorted(p.name for p in (ROOT / "stages").glob(f"{int(stage[:2]) - 1:02d}_*"))
-    previous = previous[0] if previous and only is None else ""
+    previous = previous[0] if previous else ""
     has_bwd = any("bwd" in b["passes"] for b in listed["builds"])
 
     def cell(build, seq, direction, D, c):
@@ -301,9 +295,7 @@ def ablation_table(csv_path, stage, only=None, seqs=None):
         return f"{x:.1f} ({x / tf[stage, seq, D, c, direction]:.2f}x)"
 
     def row(build, seq, label, direction, what=""):
-        # The short table leaves out what each build changes: the lesson's text says it.
-        return [label, direction] + ([] if only is not None else [what]) + [cell(build, seq, direction, D, c)
-                                                                            for D, c in CELLS]
+        return [label, direction, what] + [cell(build, seq, direction, D, c) for D, c in CELLS]
 
     lines = []
     for seq in listed["seqs"]:
@@ -324,16 +316,15 @@ def ablation_table(csv_path, stage, only=None, seqs=None):
                   f"`plots/ablations.py`, from `{path}`; in brackets the ratio to the "
                   "stage as built" + (f" (for {peer}, from the sweep of the same run in `{csv_path}`)" if peer else "")
                   + ":", ""]
-        described = [] if only is not None else ["what the build changes"]
-        lines += markdown_table(["build", "pass"] + described + CELL_HEADER, table,
-                                ["---", "---"] + ["---"] * len(described) + ["---:"] * 4)
+        lines += markdown_table(["build", "pass", "what the build changes"] + CELL_HEADER, table,
+                                ["---", "---", "---"] + ["---:"] * 4)
     return lines
 
 
 # ---------------------------------------------------------------------------------------------
 # The ladders: a stage's ideas switched on one at a time (stages/<stage>/ladder.txt).
 
-def switch_lines(stage, definitions, most=4):
+def switch_lines(stage, definitions, most=2):
     """Links, relative to the stage's folder, to the lines that read the switches of one idea: each
     macro's #ifndef, then the code lines that use the macro or its constant (SWIZZLE or kSwizzle)."""
     files = sorted((ROOT / "stages" / stage).glob("*.cu")) + sorted((ROOT / "stages" / stage).glob("*.h"))
@@ -378,7 +369,7 @@ def ladder_table(csv_path, stage, direction):
     for k, idea in enumerate(ideas, 1):
         program = stage if k == len(ideas) else f"{stage}.{direction}_step{k}"
         label = f"{k} (the stage)" if k == len(ideas) else str(k)
-        programs.append((program, label, f"+ {idea['name'].replace('_', ' ')}: {idea['idea']}",
+        programs.append((program, label, idea["idea"],
                          switch_lines(stage, idea["definitions"])))
     table, above = [], None
     for program, label, idea, lines in programs:
@@ -667,12 +658,6 @@ def blocks():
            ratio_table(H100, "09_tma_wgmma", "sdpa_cudnn", "fwd", 1024))
     yield ("stages/09_tma_wgmma/README.md", "09_tma_wgmma:bwd_vs_cudnn",
            ratio_table(H100, "09_tma_wgmma", "sdpa_cudnn", "bwd", 2048))
-    # Lesson 09's short table of what each idea is worth; the whole one is in its notes.
-    yield ("stages/09_tma_wgmma/README.md", "09_tma_wgmma:key_ablations",
-           ablation_table(H100, "09_tma_wgmma", ["no_intra_overlap", "not_persistent", "o_from_registers",
-                                                 "two_consumers_d64", "exp2f", "no_stagger", "pingpong",
-                                                 "deterministic_dq", "dq_thread_reductions", "own_in_smem"],
-                          [4096]))
     yield ("stages/08_warp_specialized/README.md", "08_warp_specialized:vs_flash_profile",
            peer_profile_table(H100, "08_warp_specialized:backward_dk_dv", "sdpa_flash:flash_bwd_dq_dk_dv"))
     yield ("stages/09_tma_wgmma/README.md", "09_tma_wgmma:vs_cudnn_profile",

@@ -29,6 +29,18 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+
+def is_ladder_step(stage, build):
+    """Whether `build` names a step of the stage's ladder (stages/<stage>/ladder.txt): <pass>_step<k>
+    with k below the number of that pass's ideas, or <pass>_step followed by a placeholder."""
+    match = re.fullmatch(r"(fwd|bwd)_step(\d*)", build)
+    ladder = ROOT / "stages" / stage / "ladder.txt"
+    if not match or not ladder.exists():
+        return False
+    ideas = sum(1 for line in ladder.read_text().splitlines()
+                if line.strip() and not line.startswith("#") and line.split("|")[1].strip() == match.group(1))
+    return match.group(2) == "" or int(match.group(2)) < ideas
+
 def git(*args):
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
 
@@ -249,8 +261,9 @@ def main():
                 for match in PROGRAM.finditer(span):
                     stage, ablation = match.group(1), match.group(2)
                     listed = ROOT / "stages" / stage / "ablations.txt"
-                    if ablation and not (listed.exists() and re.search(rf"^\s*{ablation}\s*\|", listed.read_text(), re.M)):
-                        problems.append(f"{where}: build/bin/{stage}.{ablation}: not an ablation build of {stage}")
+                    if ablation and not (listed.exists() and re.search(rf"^\s*{ablation}\s*\|", listed.read_text(), re.M)
+                                         or is_ladder_step(stage, ablation)):
+                        problems.append(f"{where}: build/bin/{stage}.{ablation}: not an ablation build or ladder step of {stage}")
                     for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", match.group(3)):
                         checked["options"] += 1
                         if option not in options:
