@@ -324,8 +324,8 @@ def ablation_table(csv_path, stage):
 # ---------------------------------------------------------------------------------------------
 # The ladders: a stage's ideas switched on one at a time (stages/<stage>/ladder.txt).
 
-def switch_lines(stage, definitions, most=2):
-    """Links, relative to the stage's folder, to the lines that read the switches of one idea: each
+def switch_lines(stage, definitions, page, most=2):
+    """Links from the Markdown file `page` to the lines that read the switches of one idea: each
     macro's #ifndef, then the code lines that use the macro or its constant (SWIZZLE or kSwizzle)."""
     files = sorted((ROOT / "stages" / stage).glob("*.cu")) + sorted((ROOT / "stages" / stage).glob("*.h"))
     files += sorted((ROOT / "common").glob("*.cuh"))
@@ -344,15 +344,16 @@ def switch_lines(stage, definitions, most=2):
                       not re.match(rf"^\s*(\[\[maybe_unused\]\] )?constexpr \w+ {constant}\b", code)):
                     found.append((path, number))
     found = list(dict.fromkeys(switches + sorted(found)))
-    link = lambda path, number: f"[{path.name}:{number}]({os.path.relpath(path, ROOT / 'stages' / stage)}#L{number})"
+    link = lambda path, number: f"[{path.name}:{number}]({os.path.relpath(path, (ROOT / page).parent)}#L{number})"
     shown = [link(*f) for f in found[:most]]
     return ", ".join(shown) + (f" and {len(found) - most} more" if len(found) > most else "")
 
 
-def ladder_table(csv_path, stage, direction):
+def ladder_table(csv_path, stage, direction, page=None):
     """A stage's ladder in one pass: TFLOP/s at S = 4096 of the previous stage, of step 0 and of
     each step that switches one more idea on (the last is the stage as built), with the gain over
-    the row above and links to the lines that read the idea's switch."""
+    the row above and links to the lines that read the idea's switch (relative to the Markdown file
+    `page`, the lesson by default)."""
     ladder = read_ladder(stage)
     if ladder is None or direction not in ladder:
         return None
@@ -370,7 +371,7 @@ def ladder_table(csv_path, stage, direction):
         program = stage if k == len(ideas) else f"{stage}.{direction}_step{k}"
         label = f"{k} (the stage)" if k == len(ideas) else str(k)
         programs.append((program, label, idea["idea"],
-                         switch_lines(stage, idea["definitions"])))
+                         switch_lines(stage, idea["definitions"], page or f"stages/{stage}/README.md")))
     table, above = [], None
     for program, label, idea, lines in programs:
         cells = []
@@ -639,7 +640,7 @@ def report_page(csv_path):
             lines += [""] + ablations
         if (ROOT / companion(csv_path, "ladders")).exists():
             for direction in ("fwd", "bwd"):
-                ladder = ladder_table(csv_path, stage, direction)
+                ladder = ladder_table(csv_path, stage, direction, f"plots/{pathlib.Path(csv_path).stem}.md")
                 if ladder:
                     lines += [""] + ladder
         if (ROOT / companion(csv_path, "profiles")).exists():

@@ -37,9 +37,10 @@
 // products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
 // without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the
 // previous one has been read.
-// backward_dk_dv's steps are named functions: bwd_produce (the producer loop), write_dq (the dQ
-// writer thread), probabilities_t and ds_t (Pᵀ and dSᵀ of a walked tile), stage_dq (a tile's dQ
-// handed to the writer) and store_dk_dv (the epilogue).
+// backward_dk_dv is a skeleton over named steps: bwd_produce (the producer loop), write_dq (the dQ
+// writer thread) and dk_dv_consumer (the consumer loop), which per walked tile calls
+// pt_and_dst_frags (Pᵀ and dSᵀ, through probabilities_t and ds_t), issue_tile_products (dQ, dV
+// and dK on wgmma) and stage_dq (a tile's dQ handed to the writer), then store_dk_dv (the epilogue).
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -442,6 +443,162 @@ __device__ __forceinline__ void ds_t(float (&dpt_acc)[32], const float (&pt_acc)
     }
 }
 
+// Pᵀ and dSᵀ of a walked tile as A fragments, once S's wgmma group is done (dP's is waited for
+// here). Pᵀ in place of Sᵀ: a key after its query (causal) is masked only in the tiles that reach
+// the block's keys (diagonal); queries past S have lse = infinity, so P = 0 there already. Keys
+// past S (KEYS_PAST_S, in a head's last key block) have the zero rows of K that TMA fills in, so
+// their scores are 0 and P = 2^-lse, which overflows fp16 wherever a row's scores are all below
+// about -11: dQ += dS K would turn that Inf times the zero row into NaN, so they are masked too.
+// With ATOMIC, dSᵀ also goes to shared memory (ds_tile, rows from ds_row0) before the wgmma that
+// reads dst_frag is issued (registers of an A operand must not be touched while it runs).
+template <bool ATOMIC, bool KEYS_PAST_S>
+__device__ __forceinline__ void pt_and_dst_frags(uint32_t (&pt_frag)[BWD_WALK / 16][4],
+                                                 uint32_t (&dst_frag)[BWD_WALK / 16][4], float (&st_acc)[32],
+                                                 float (&dpt_acc)[32], __half *ds_tile, const float *col_lse,
+                                                 const float *col_delta, float scale_log2, bool diagonal, int warp_key0,
+                                                 int q_start, int S, int ds_row0, int lane) {
+    const int g = lane / 4, t = lane % 4;
+    probabilities_t<KEYS_PAST_S>(st_acc, col_lse, scale_log2, diagonal, warp_key0, q_start, S, g, t);
+    wgmma_wait<0>();
+    fence_operands<32>(dpt_acc);
+    ds_t(dpt_acc, st_acc, col_delta, t);  // dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place of dPᵀ
+    pack_a_frags<BWD_WALK>(pt_frag, st_acc);
+    pack_a_frags<BWD_WALK>(dst_frag, dpt_acc);
+    if constexpr (ATOMIC) {
+        store_ds_frags(ds_tile, ds_row0, dst_frag, lane);
+        fence_proxy_async_shared();
+    }
+}
+
+// A walked tile's products after Pᵀ and dSᵀ: with ATOMIC, dQ = dS K for this group's DQ_COLS
+// columns over DQ_KEYS keys (issued first, so that it is staged while dV and dK run), then
+// dV += Pᵀ dO and dK += dSᵀ Q, each its own wgmma group. The keys' dSᵀ are in ds_tile (this
+// group's, or both groups' where BOTH_GROUPS); the other dSᵀ tile is written next, so this one is
+// free again once the groups have passed the next tile's barrier.
+template <int D, bool ATOMIC, int DQ_COLS, int DQ_KEYS, bool BOTH_GROUPS>
+__device__ __forceinline__ void issue_tile_products(float (&dq_acc)[DQ_COLS / 2], float (&dv_acc)[D / 2],
+                                                    float (&dk_acc)[D / 2], const uint32_t (&pt_frag)[BWD_WALK / 16][4],
+                                                    const uint32_t (&dst_frag)[BWD_WALK / 16][4], const __half *ds_tile,
+                                                    const __half *k_cols, const __half *q_tile, const __half *do_tile,
+                                                    int dq_key0, int consumer) {
+    wgmma_fence();
+    if constexpr (ATOMIC) {
+        if (BOTH_GROUPS)
+            named_barrier_sync(1, 128 * BWD_GROUPS);
+        else
+            named_barrier_sync(2 + consumer, 128);
+#pragma unroll
+        for (int kk = 0; kk < DQ_KEYS / 16; kk++)
+            wgmma_m64k16_ss<DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile + dq_key0 * 64, kk),
+                                        desc_n_major<BWD_OWN>(k_cols, kk), kk > 0);
+        wgmma_commit();
+    }
+#pragma unroll
+    for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dV += Pᵀ dO
+        wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dK += dSᵀ Q
+        wgmma_m64k16_rs<D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);
+    wgmma_commit();
+}
+
+// A consumer warpgroup of backward_dk_dv: its 64 keys' dK and dV in registers over the walked
+// query tiles (with ATOMIC, dQ's share staged for the writer thread), then the epilogue.
+template <int D, bool ATOMIC, bool KEYS_PAST_S>
+__device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorMap *dk_map, const CUtensorMap *dv_map,
+                                               const float *lse_log2, const float *delta, __half *dk, __half *dv,
+                                               float *dq_accum, int S, float scale, int causal, int head_index, int k0,
+                                               int first_tile, int n_tiles) {
+    const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
+    const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + warp_row0;
+    const float scale_log2 = scale * 1.4426950408889634f;
+    // A walked tile's lse and delta (queries past S: lse = infinity, so P = 0 there, and
+    // delta = 0): each thread of the group loads one of the 128 values a tile ahead and
+    // stores it to the group's slot for the tile, so that the 16 queries of a thread's
+    // columns are read from shared memory instead of held in registers.
+    const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
+    const int stat = threadIdx.x % 128, stat_query = stat % BWD_WALK;  // stat < 64: lse, else delta
+    grid_dependency_wait();  // backward_delta has written delta (and zeroed the float dQ)
+    // Once every block of this kernel has got here, backward_dq_unpermute may launch
+    // (kEarlyDqConversion), onto the SMs that the last blocks leave idle. Not earlier: its
+    // blocks read the heads' counters, which backward_delta zeroes, and only this kernel's
+    // wait orders them after backward_delta.
+    if (kEarlyDqConversion) grid_launch_dependents();
+    auto load_stat = [&](int tile) {
+        const int query = (first_tile + tile) * BWD_WALK + stat_query;
+        if (query >= S) return stat < BWD_WALK ? INFINITY : 0.0f;
+        return stat < BWD_WALK ? head_lse[query] : head_delta[query];
+    };
+    float next_stat = load_stat(0);
+    // dQ (queries x D) of a walked tile: this warpgroup's DQ_COLS columns from dq_col0 over
+    // DQ_KEYS keys from dq_key0: B = those rows and columns of the owned K tile (N-major).
+    constexpr bool kPerGroup = kDqPerGroup<D>;
+    // Where a group's dQ product reads the keys of both groups (atomic dQ without kPerGroup),
+    // both groups' dSᵀ must be stored before it runs, and both must be done with the owned K
+    // before its rows become dK/dV's staging tile.
+    constexpr bool kDqReadsBothGroups = ATOMIC && !kPerGroup;
+    constexpr int DQ_COLS = kPerGroup ? D : D / 2, DQ_KEYS = kPerGroup ? 64 : BWD_OWN;
+    const int dq_col0 = kPerGroup ? 0 : consumer * DQ_COLS, dq_key0 = kPerGroup ? group_row0 : 0;
+    const __half *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_key0 * 64 + dq_col0 % 64;
+    float dk_acc[D / 2], dv_acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
+    mbarrier_wait<true>(m.own_full, 0);
+    const OwnOperands<D, kOwnInRegisters<D, true>> k_and_v(m, group_row0, warp_row0, lane);
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
+    float st_acc[32], dpt_acc[32];
+    auto issue_st_dpt = [&](int tile) { k_and_v.issue_s_and_dp(st_acc, dpt_acc, m, tile); };
+    auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::STAGES]); };
+    // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ is staged
+    // between the tile's products.
+    constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
+
+    if (kOverlap) issue_st_dpt(0);
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int slot = tile % BwdLayout<D>::STAGES, q_start = (first_tile + tile) * BWD_WALK;
+        const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
+        const __half *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
+        // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and delta.
+        // The group's barrier also orders the slot's reads two tiles ago before this write.
+        float *col_lse = m.stats + (consumer * 2 + tile % 2) * 2 * BWD_WALK, *col_delta = col_lse + BWD_WALK;
+        col_lse[stat] = next_stat;
+        named_barrier_sync(2 + consumer, 128);
+        if (tile + 1 < n_tiles) next_stat = load_stat(tile + 1);
+        if (!kOverlap) issue_st_dpt(tile);
+        wgmma_wait<1>();  // with the overlap, also the previous tile's dV and dK products
+        fence_operands<32>(st_acc);
+        if (kOverlap && tile > 0) release(tile - 1);
+        uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
+        __half *ds_tile = m.ds + (tile % 2) * BwdLayout<D>::DS_ELEMS;
+        pt_and_dst_frags<ATOMIC, KEYS_PAST_S>(pt_frag, dst_frag, st_acc, dpt_acc, ds_tile, col_lse, col_delta, scale_log2,
+                                              causal && q_start < k0 + BWD_OWN, warp_key0, q_start, S,
+                                              group_row0 + warp_row0, lane);
+        float dq_acc[DQ_COLS / 2];
+        issue_tile_products<D, ATOMIC, DQ_COLS, DQ_KEYS, kDqReadsBothGroups>(
+            dq_acc, dv_acc, dk_acc, pt_frag, dst_frag, ds_tile, k_cols, q_tile, do_tile, dq_key0, consumer);
+        if (kOverlap) {
+            if (tile + 1 < n_tiles) issue_st_dpt(tile + 1);
+            continue;
+        }
+        if constexpr (ATOMIC) {
+            wgmma_wait<2>();  // dQ; dV and dK still run
+            fence_operands<DQ_COLS / 2>(dq_acc);
+            stage_dq<D, DQ_COLS, kPerGroup>(dq_acc, m, dq_accum, tile, first_tile, head_index, S, consumer, warp_row0,
+                                            dq_col0, g, t);
+        }
+        wgmma_wait<0>();
+        fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
+        release(tile);
+    }
+    wgmma_wait<0>();
+    fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
+    store_dk_dv<D, kDqReadsBothGroups>(dk_acc, dv_acc, m, dk_map, dv_map, dk, dv, scale, S, head_index, k0, consumer,
+                                       group_row0, warp_row0, warp_key0, lane, g, t);
+}
+
 // dK, dV (and with ATOMIC dQ's share) for BWD_OWN keys per block; query tiles (Q and dO) stream
 // through the ring. Everything is computed transposed (keys as rows), so that Pᵀ and dSᵀ come out
 // as accumulators with keys as rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q. KEYS_PAST_S:
@@ -476,131 +633,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
             write_dq<D>(m, dq_accum, dq_heads_done, S, head_index, first_tile, n_tiles);
     } else {
         setmaxnreg_inc<240>();
-        const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-        const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
-        const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + warp_row0;
-        const float scale_log2 = scale * 1.4426950408889634f;
-        // A walked tile's lse and delta (queries past S: lse = infinity, so P = 0 there, and
-        // delta = 0): each thread of the group loads one of the 128 values a tile ahead and
-        // stores it to the group's slot for the tile, so that the 16 queries of a thread's
-        // columns are read from shared memory instead of held in registers.
-        const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
-        const int stat = threadIdx.x % 128, stat_query = stat % BWD_WALK;  // stat < 64: lse, else delta
-        grid_dependency_wait();  // backward_delta has written delta (and zeroed the float dQ)
-        // Once every block of this kernel has got here, backward_dq_unpermute may launch
-        // (kEarlyDqConversion), onto the SMs that the last blocks leave idle. Not earlier: its
-        // blocks read the heads' counters, which backward_delta zeroes, and only this kernel's
-        // wait orders them after backward_delta.
-        if (kEarlyDqConversion) grid_launch_dependents();
-        auto load_stat = [&](int tile) {
-            const int query = (first_tile + tile) * BWD_WALK + stat_query;
-            if (query >= S) return stat < BWD_WALK ? INFINITY : 0.0f;
-            return stat < BWD_WALK ? head_lse[query] : head_delta[query];
-        };
-        float next_stat = load_stat(0);
-        // dQ (queries x D) of a walked tile: this warpgroup's DQ_COLS columns from dq_col0 over
-        // DQ_KEYS keys from dq_key0: B = those rows and columns of the owned K tile (N-major).
-        constexpr bool kPerGroup = kDqPerGroup<D>;
-        // Where a group's dQ product reads the keys of both groups (atomic dQ without kPerGroup),
-        // both groups' dSᵀ must be stored before it runs, and both must be done with the owned K
-        // before its rows become dK/dV's staging tile.
-        constexpr bool kDqReadsBothGroups = ATOMIC && !kPerGroup;
-        constexpr int DQ_COLS = kPerGroup ? D : D / 2, DQ_KEYS = kPerGroup ? 64 : BWD_OWN;
-        const int dq_col0 = kPerGroup ? 0 : consumer * DQ_COLS, dq_key0 = kPerGroup ? group_row0 : 0;
-        const __half *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_key0 * 64 + dq_col0 % 64;
-        float dk_acc[D / 2], dv_acc[D / 2];
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
-        mbarrier_wait<true>(m.own_full, 0);
-        const OwnOperands<D, kOwnInRegisters<D, true>> k_and_v(m, group_row0, warp_row0, lane);
-
-        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
-        float st_acc[32], dpt_acc[32];
-        auto issue_st_dpt = [&](int tile) { k_and_v.issue_s_and_dp(st_acc, dpt_acc, m, tile); };
-        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::STAGES]); };
-        // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ is staged
-        // between the tile's products.
-        constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
-
-        if (kOverlap) issue_st_dpt(0);
-        for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = tile % BwdLayout<D>::STAGES, q_start = (first_tile + tile) * BWD_WALK;
-            const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
-            const __half *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
-            // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and delta.
-            // The group's barrier also orders the slot's reads two tiles ago before this write.
-            float *col_lse = m.stats + (consumer * 2 + tile % 2) * 2 * BWD_WALK, *col_delta = col_lse + BWD_WALK;
-            col_lse[stat] = next_stat;
-            named_barrier_sync(2 + consumer, 128);
-            if (tile + 1 < n_tiles) next_stat = load_stat(tile + 1);
-            if (!kOverlap) issue_st_dpt(tile);
-            wgmma_wait<1>();  // with the overlap, also the previous tile's dV and dK products
-            fence_operands<32>(st_acc);
-            if (kOverlap && tile > 0) release(tile - 1);
-            // Pᵀ in place. A key after its query (causal) is masked only in the tiles that reach
-            // the block's keys; queries past S have lse = infinity, so P = 0 there already. Keys
-            // past S (KEYS_PAST_S, in a head's last key block) have the zero rows of K that TMA
-            // fills in, so their scores are 0 and P = 2^-lse, which overflows fp16 wherever a
-            // row's scores are all below about -11: dQ += dS K would turn that Inf times the zero
-            // row into NaN, so they are masked too.
-            const bool diagonal = causal && q_start < k0 + BWD_OWN;
-            probabilities_t<KEYS_PAST_S>(st_acc, col_lse, scale_log2, diagonal, warp_key0, q_start, S, g, t);
-            wgmma_wait<0>();
-            fence_operands<32>(dpt_acc);
-            ds_t(dpt_acc, st_acc, col_delta, t);  // dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place of dPᵀ
-            uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
-            pack_a_frags<BWD_WALK>(pt_frag, st_acc);
-            pack_a_frags<BWD_WALK>(dst_frag, dpt_acc);
-            __half *ds_tile = m.ds + (tile % 2) * BwdLayout<D>::DS_ELEMS;
-            if constexpr (ATOMIC) {
-                // dSᵀ to shared memory before the wgmma that reads dst_frag is issued (registers
-                // of an A operand must not be touched while it runs).
-                store_ds_frags(ds_tile, group_row0 + warp_row0, dst_frag, lane);
-                fence_proxy_async_shared();
-            }
-            wgmma_fence();
-            float dq_acc[DQ_COLS / 2];
-            if constexpr (ATOMIC) {
-                // The keys' dSᵀ are in the tile (this group's, or both groups'): dQ = dS K for
-                // this group's columns, issued first so that it is staged while dV and dK run.
-                // The other dSᵀ tile is written next, so this one is free again once the groups
-                // have passed the next tile's barrier.
-                if (kDqReadsBothGroups)
-                    named_barrier_sync(1, 128 * BWD_GROUPS);
-                else
-                    named_barrier_sync(2 + consumer, 128);
-#pragma unroll
-                for (int kk = 0; kk < DQ_KEYS / 16; kk++)
-                    wgmma_m64k16_ss<DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile + dq_key0 * 64, kk),
-                                                desc_n_major<BWD_OWN>(k_cols, kk), kk > 0);
-                wgmma_commit();
-            }
-#pragma unroll
-            for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dV += Pᵀ dO
-                wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);
-            wgmma_commit();
-#pragma unroll
-            for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dK += dSᵀ Q
-                wgmma_m64k16_rs<D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);
-            wgmma_commit();
-            if (kOverlap) {
-                if (tile + 1 < n_tiles) issue_st_dpt(tile + 1);
-                continue;
-            }
-            if constexpr (ATOMIC) {
-                wgmma_wait<2>();  // dQ; dV and dK still run
-                fence_operands<DQ_COLS / 2>(dq_acc);
-                stage_dq<D, DQ_COLS, kPerGroup>(dq_acc, m, dq_accum, tile, first_tile, head_index, S, consumer, warp_row0,
-                                                dq_col0, g, t);
-            }
-            wgmma_wait<0>();
-            fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-            release(tile);
-        }
-        wgmma_wait<0>();
-        fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-        store_dk_dv<D, kDqReadsBothGroups>(dk_acc, dv_acc, m, &dk_map, &dv_map, dk, dv, scale, S, head_index, k0, consumer,
-                                           group_row0, warp_row0, warp_key0, lane, g, t);
+        dk_dv_consumer<D, ATOMIC, KEYS_PAST_S>(m, &dk_map, &dv_map, lse_log2, delta, dk, dv, dq_accum, S, scale, causal,
+                                               head_index, k0, first_tile, n_tiles);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)dk_map, (void)dv_map, (void)lse_log2, (void)delta;
