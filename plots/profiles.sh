@@ -42,7 +42,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/profiles.XXXXXX")
 # profiled).
 programs=(01_naive_3pass 02_scalar_tiled 02_scalar_tiled.no_q_padding 03_online_softmax
           03_online_softmax.smem_of_04 04_smem_state 05_wmma_qk 06_wmma_pv 07_swizzle_cp_async
-          07_swizzle_cp_async.no_swizzle 08_warp_specialized 09_tma_wgmma 09_tma_wgmma.deterministic_dq
+          07_swizzle_cp_async.no_swizzle 08_warp_specialized 09_tma_wgmma 10_fa3_schedule
+          10_fa3_schedule.deterministic_dq
           sdpa_flash sdpa_cudnn)
 [ $# -gt 0 ] && programs=("$@")
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats

@@ -81,10 +81,11 @@ def rounded(x, scales=(1,)):
 
 
 def mentioned_stages(text):
-    """The stage numbers ("01".."09") a page names: "stage 03", "stages 05-07", 03_online_softmax;
+    """The stage numbers ("01".."99") a page names: "stage 03", "stages 05-07", 03_online_softmax;
     a lesson names its own stage by its directory."""
-    found = set(re.findall(r"\b(0[1-9])_[a-z]", text))
-    for first, last in re.findall(r"[Ss]tages? (0[1-9])(?:\s*(?:-|–|to|and)\s*(0[1-9]))?", text):
+    number = r"(0[1-9]|[1-9]\d)"
+    found = set(re.findall(rf"\b{number}_[a-z]", text))
+    for first, last in re.findall(rf"[Ss]tages? {number}(?:\s*(?:-|–|to|and)\s*{number})?", text):
         found.update(f"{n:02d}" for n in range(int(first), int(last or first) + 1))
     return found
 

@@ -149,7 +149,7 @@ def test_scores_with_large_offsets(stage, offset_of):
 def test_default_stage_and_stage_list():
     names = [s.name for s in flash_stages.stages()]
     assert names == sorted(names) and "08_warp_specialized" in names
-    expected = "09_tma_wgmma" if torch.cuda.get_device_capability() == (9, 0) else "08_warp_specialized"
+    expected = "10_fa3_schedule" if torch.cuda.get_device_capability() == (9, 0) else "08_warp_specialized"
     assert flash_stages.default_stage() == expected
 
 
@@ -243,14 +243,14 @@ def test_runs_on_the_current_stream():
 
 
 def test_forwards_on_two_streams_at_once():
-    # Stage 09's causal D = 64 forward takes its query tiles from a counter that each call owns
+    # Stage 10's causal D = 64 forward takes its query tiles from a counter that each call owns
     # (its forward scratch): forwards queued on two streams at once must not share one, or the
     # second would find the counter used up and leave tiles unwritten.
-    if not runs_here("09_tma_wgmma"):
-        pytest.skip("09_tma_wgmma needs an H100/H200")
+    if not runs_here("10_fa3_schedule"):
+        pytest.skip("10_fa3_schedule needs an H100/H200")
     problems = [inputs((4, 16, 1024, 64), seed=10 + i)[:3] for i in range(16)]
     with torch.no_grad():
-        expected = [flash_stages.attention(*p, causal=True, stage="09_tma_wgmma") for p in problems]
+        expected = [flash_stages.attention(*p, causal=True, stage="10_fa3_schedule") for p in problems]
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     for stream in streams:
@@ -261,7 +261,7 @@ def test_forwards_on_two_streams_at_once():
     with torch.no_grad():
         for i, problem in enumerate(problems):
             with torch.cuda.stream(streams[i % 2]):
-                outputs[i] = flash_stages.attention(*problem, causal=True, stage="09_tma_wgmma")
+                outputs[i] = flash_stages.attention(*problem, causal=True, stage="10_fa3_schedule")
     torch.cuda.synchronize()
     for got, want in zip(outputs, expected):
         assert torch.equal(got, want)

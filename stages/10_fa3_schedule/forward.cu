@@ -1,4 +1,4 @@
-// Stage 09, forward - warp specialization on Hopper: a producer warpgroup feeds K/V tiles with the
+// Stage 10, forward - warp specialization on Hopper: a producer warpgroup feeds K/V tiles with the
 // copy engine (TMA), consumer warpgroups multiply with wgmma and run the softmax; mbarriers hand
 // the slots of shared-memory rings over, and FlashAttention-3's schedule keeps the tensor cores fed.
 //
@@ -54,7 +54,7 @@
 #include <math.h>
 
 #include "kernel_common.cuh"
-#include "stage09.h"
+#include "stage10.h"
 #include "wgmma_ptx.cuh"
 
 // The switches, each flipped by one ablation build (ablations.txt).
@@ -860,7 +860,7 @@ static bool shares_out_last_tile(const attn_shape *s) {
            s->seq - (n_qblocks - 1) * rows <= GROUP_ROWS && n_qblocks <= SPLIT_MAX_TILES;
 }
 
-cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+cudaError_t stage10_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -881,7 +881,7 @@ cudaError_t stage09_forward(const attn_shape *s, const attn_tensors *t, cudaStre
 static size_t shared_bytes(const attn_shape *s) {
     const size_t wide = FwdLayout<64, CONSUMERS_D64, true>::bytes, narrow = FwdLayout<64, 2>::bytes;
     const size_t fwd = s->dim == 128 ? FwdLayout<128, 2>::bytes : !wide_by_mask(s) ? narrow : wide > narrow ? wide : narrow;
-    const size_t bwd = stage09_backward_shared_bytes(s);
+    const size_t bwd = stage10_backward_shared_bytes(s);
     return fwd > bwd ? fwd : bwd;
 }
 
@@ -889,15 +889,15 @@ static size_t shared_bytes(const attn_shape *s) {
 static size_t forward_scratch_bytes(const attn_shape *) { return kDynamicSchedule ? sizeof(int) : 0; }
 
 extern "C" const attn_stage STAGE = {
-    .name = "09_tma_wgmma",
+    .name = "10_fa3_schedule",
     .idea = "producer warpgroup (TMA) and consumer warpgroups (wgmma) with mbarrier hand-off; FlashAttention-2 "
         "backward (dK/dV and dQ kernels)",
     .unsupported = unsupported_head_dim,
     .workspace_bytes = lse_workspace_bytes,
     .shared_bytes = shared_bytes,
-    .forward = stage09_forward,
-    .backward = stage09_backward,
-    .backward_scratch_bytes = stage09_backward_scratch_bytes,
+    .forward = stage10_forward,
+    .backward = stage10_backward,
+    .backward_scratch_bytes = stage10_backward_scratch_bytes,
     .forward_scratch_bytes = forward_scratch_bytes,
     .needs_sm90a = 1,  // wgmma, setmaxnreg: compute capability 9.0 only
 };

@@ -1,4 +1,4 @@
-// Stage 09, backward - FlashAttention-2's backward pass on Hopper, with FlashAttention-3's five
+// Stage 10, backward - FlashAttention-2's backward pass on Hopper, with FlashAttention-3's five
 // products: wgmma, a TMA producer warpgroup and two consumer warpgroups per block (the forward's
 // structure).
 //
@@ -45,7 +45,7 @@
 
 #include "kernel_common.cuh"
 #include "backward_common.cuh"
-#include "stage09.h"
+#include "stage10.h"
 #include "wgmma_ptx.cuh"
 
 #define BWD_GROUPS 2                              // consumer warpgroups
@@ -866,15 +866,15 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
 
 // The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ and the
 // heads' counters (kEarlyDqConversion).
-size_t stage09_backward_scratch_bytes(const attn_shape *s) {
+size_t stage10_backward_scratch_bytes(const attn_shape *s) {
     return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * dq_accum_elems(s) + sizeof(int) * dq_heads_done_count(s)
                      : delta_scratch_bytes(s);
 }
 
-size_t stage09_backward_shared_bytes(const attn_shape *s) {
+size_t stage10_backward_shared_bytes(const attn_shape *s) {
     return s->dim == 64 ? BwdLayout<64>::bytes : BwdLayout<128>::bytes;
 }
 
-cudaError_t stage09_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+cudaError_t stage10_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     return s->dim == 64 ? launch_backward<64>(s, t, stream) : launch_backward<128>(s, t, stream);
 }
