@@ -244,12 +244,14 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     extern __shared__ unsigned char smem_raw[];
     const SharedTiles<D> smem(smem_raw);
     // full[s]: the producer's expect_tx arrival and the bytes; empty[s]: one arrival per consumer
-    // warp; q_full: once, for Q. Thread 0 sets them up, and the block syncs.
+    // warp; q_full: once, for Q. Thread 0 sets them up, and the block syncs. v_full follows k_full
+    // and v_empty follows k_empty in shared memory, so SLOTS = K_SLOTS + V_SLOTS covers both rings.
     init_tma_ring(smem.k_full, smem.k_empty, Layout<D>::SLOTS, 4 * CONSUMERS, smem.q_full);
     const BlockWork work = block_work(S, causal);
 
     if (threadIdx.x / 128 == 0) {
-        // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab.
+        // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab. The whole
+        // warpgroup executes setmaxnreg (it is .sync.aligned), so it comes before that thread's branch.
         setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
@@ -259,6 +261,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         setmaxnreg_inc<CONSUMER_REGS>();
         const int consumer = threadIdx.x / 128 - 1;
         const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        // Warp w of the warpgroup holds rows 16w .. 16w + 15 of its 64, in the mma.sync C layout.
         const int first_query = work.q0 + consumer * GROUP_ROWS + (threadIdx.x % 128) / 32 * 16;  // the warp's
         float o_acc[D / 2];  // [D/8 n8 blocks][4], the wgmma accumulator layout
 #pragma unroll
