@@ -62,7 +62,7 @@ def _stage(name):
     if not found:
         raise RuntimeError("flash_stages: no stage libraries found in "
                            + ", ".join(str(d) for d in _library.library_dirs())
-                           + "; build them (cmake --workflow --preset default) or pip install ./python")
+                           + "; build them (cmake --workflow --preset default) or pip install . from the repository root")
     if name not in found:
         raise ValueError(f"flash_stages: stage must be one of {', '.join(found)}; got {name!r}")
     return found[name]

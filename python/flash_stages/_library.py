@@ -46,8 +46,8 @@ class _StageTable(ctypes.Structure):
 
 def library_dirs():
     """Where the libraries are looked for, in order: $FLASH_STAGES_LIB_DIR, the installed package's
-    lib/ (pip install ./python), flash_stages/lib/ in the environment's site-packages (where an
-    editable install, pip install -e ./python, puts them while the package itself stays in the
+    lib/ (pip install .), flash_stages/lib/ in the environment's site-packages (where an
+    editable install, pip install -e ., puts them while the package itself stays in the
     source tree), and the source tree's build/lib/ (the README's build)."""
     here = pathlib.Path(__file__).resolve().parent
     site = pathlib.Path(sysconfig.get_paths()["platlib"]) / "flash_stages" / "lib"
