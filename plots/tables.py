@@ -382,9 +382,9 @@ def ladder_table(csv_path, stage, direction, page=None):
         table.append([label, idea] + cells + [lines])
         above = program
     return [f"{'Forward' if direction == 'fwd' else 'Backward'} TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the "
-            f"{rows[-1]['gpu']}, one run of `plots/ablations.py --ladders`, from `{path}`; in brackets the gain "
-            "over the row above:", ""] + markdown_table(
-        ["step", "idea switched on"] + CELL_HEADER + ["the switch in the code"], table,
+            f"{rows[-1]['gpu']}, one run of `plots/ablations.py --ladders`, from `{path}`; in brackets the ratio to "
+            "the row above (below 1.00x: slower; within 3% of 1: noise):", ""] + \
+        markdown_table(["step", "what the step adds (step 0: where it starts)"] + CELL_HEADER + ["the switch in the code"], table,
         ["---", "---"] + ["---:"] * 4 + ["---"])
 
 
