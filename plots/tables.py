@@ -81,30 +81,13 @@ def markdown_table(header, rows, align=None):
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
-# The program name under which plots/data/ holds a lesson's measurements, where it is not the name
-# of the lesson's folder: the kernels of stages/10_fa3_schedule were measured as 09_tma_wgmma,
-# before the course split that stage in two (stages/09_tma_wgmma is now a smaller kernel, not yet
-# measured). Goes once those kernels are measured under their own names.
-MEASURED_AS = {"10_fa3_schedule": "09_tma_wgmma"}
-
-
-def measured_name(folder):
-    """The name of the stage in stages/<folder> in the committed measurements."""
-    return MEASURED_AS.get(folder, folder)
-
-
-def folder_of(stage):
-    """The folder of stages/ whose sources the measured stage `stage` was built from."""
-    return next((folder for folder, name in MEASURED_AS.items() if name == stage), stage)
-
-
 def read_ablations(stage):
     """stages/<stage>/ablations.txt: its builds (name, passes, what the build changes), the
     sequence lengths they are timed and shown at ("# sequence lengths: ...", default 4096), the
     small shape they are also timed at ("# small shape: B H S D", or None) and the PyTorch peer
     the table compares with ("# compare with: ..."), or None without the file. plots/ablations.py
     times what it lists; CMakeLists.txt reads the -D definitions, which only the build needs."""
-    path = ROOT / "stages" / folder_of(stage) / "ablations.txt"
+    path = ROOT / "stages" / stage / "ablations.txt"
     if not path.exists():
         return None
     builds, seqs, small, peer = [], [4096], None, ""
@@ -126,7 +109,7 @@ def read_ladder(stage):
     order they are switched on (name, the -D definitions that switch each off, the idea); or None
     without the file. Step k of a pass is the build <stage>.<pass>_step<k>, which has that pass's
     ideas k + 1, k + 2, ... switched off; the step after the last idea is the stage as built."""
-    path = ROOT / "stages" / folder_of(stage) / "ladder.txt"
+    path = ROOT / "stages" / stage / "ladder.txt"
     if not path.exists():
         return None
     ladder = {}
@@ -344,8 +327,7 @@ def ablation_table(csv_path, stage):
 def switch_lines(stage, definitions, page, most=2):
     """Links from the Markdown file `page` to the lines that read the switches of one idea: each
     macro's #ifndef, then the code lines that use the macro or its constant (SWIZZLE or kSwizzle)."""
-    folder = ROOT / "stages" / folder_of(stage)
-    files = sorted(folder.glob("*.cu")) + sorted(folder.glob("*.h"))
+    files = sorted((ROOT / "stages" / stage).glob("*.cu")) + sorted((ROOT / "stages" / stage).glob("*.h"))
     files += sorted((ROOT / "common").glob("*.cuh"))
     switches, found = [], []
     for definition in definitions:
@@ -389,7 +371,7 @@ def ladder_table(csv_path, stage, direction, page=None):
         program = stage if k == len(ideas) else f"{stage}.{direction}_step{k}"
         label = f"{k} (the stage)" if k == len(ideas) else str(k)
         programs.append((program, label, idea["idea"],
-                         switch_lines(stage, idea["definitions"], page or f"stages/{folder_of(stage)}/README.md")))
+                         switch_lines(stage, idea["definitions"], page or f"stages/{stage}/README.md")))
     table, above = [], None
     for program, label, idea, lines in programs:
         cells = []
@@ -400,9 +382,9 @@ def ladder_table(csv_path, stage, direction, page=None):
         table.append([label, idea] + cells + [lines])
         above = program
     return [f"{'Forward' if direction == 'fwd' else 'Backward'} TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the "
-            f"{rows[-1]['gpu']}, one run of `plots/ablations.py --ladders`, from `{path}`; in brackets the gain "
-            "over the row above:", ""] + markdown_table(
-        ["step", "idea switched on"] + CELL_HEADER + ["the switch in the code"], table,
+            f"{rows[-1]['gpu']}, one run of `plots/ablations.py --ladders`, from `{path}`; in brackets the ratio to "
+            "the row above (below 1.00x: slower; within 3% of 1: noise):", ""] + \
+        markdown_table(["step", "what the step adds (step 0: where it starts)"] + CELL_HEADER + ["the switch in the code"], table,
         ["---", "---"] + ["---:"] * 4 + ["---"])
 
 
@@ -649,7 +631,7 @@ def report_page(csv_path):
     if (ROOT / companion(csv_path, "profiles")).exists() and (ROOT / companion(csv_path, "ceilings")).exists():
         lines += [""] + roofline_table(csv_path)
     for lesson in lessons():
-        stage = measured_name(lesson.parent.name)
+        stage = lesson.parent.name
         lines += ["", f"## [{stage}](../{lesson.relative_to(ROOT)})", ""] + stage_table(csv_path, stage, "fwd")
         if f"<!-- measured:{stage}:bwd:begin -->" in lesson.read_text():
             lines += [""] + stage_table(csv_path, stage, "bwd")
@@ -673,20 +655,20 @@ def blocks():
     yield "stages/04_smem_state/README.md", "04_smem_state:occupancy", occupancy_table(H100)
     yield ("stages/07_swizzle_cp_async/README.md", "07_swizzle_cp_async:vs_flash",
            ratio_table(H100, "07_swizzle_cp_async", "sdpa_flash"))
-    yield ("stages/10_fa3_schedule/README.md", "09_tma_wgmma:vs_cudnn",
-           ratio_table(H100, "09_tma_wgmma", "sdpa_cudnn", "fwd", 1024))
-    yield ("stages/10_fa3_schedule/README.md", "09_tma_wgmma:bwd_vs_cudnn",
-           ratio_table(H100, "09_tma_wgmma", "sdpa_cudnn", "bwd", 2048))
+    yield ("stages/10_fa3_schedule/README.md", "10_fa3_schedule:vs_cudnn",
+           ratio_table(H100, "10_fa3_schedule", "sdpa_cudnn", "fwd", 1024))
+    yield ("stages/10_fa3_schedule/README.md", "10_fa3_schedule:bwd_vs_cudnn",
+           ratio_table(H100, "10_fa3_schedule", "sdpa_cudnn", "bwd", 2048))
     yield ("stages/08_warp_specialized/README.md", "08_warp_specialized:vs_flash_profile",
            peer_profile_table(H100, "08_warp_specialized:backward_dk_dv", "sdpa_flash:flash_bwd_dq_dk_dv"))
-    yield ("stages/10_fa3_schedule/README.md", "09_tma_wgmma:vs_cudnn_profile",
-           peer_profile_table(H100, "09_tma_wgmma:backward_dk_dv", "09_tma_wgmma.deterministic_dq:backward_dk_dv",
-                              "09_tma_wgmma.deterministic_dq:backward_dq", "sdpa_cudnn:flash_bprop"))
+    yield ("stages/10_fa3_schedule/README.md", "10_fa3_schedule:vs_cudnn_profile",
+           peer_profile_table(H100, "10_fa3_schedule:backward_dk_dv", "10_fa3_schedule.deterministic_dq:backward_dk_dv",
+                              "10_fa3_schedule.deterministic_dq:backward_dq", "sdpa_cudnn:flash_bprop"))
     yield "README.md", "roofline", roofline_table(H100)
     yield "README.md", "training", training_table(H100)
     yield "python/README.md", "training", training_table(H100)
     for lesson in lessons():
-        stage, path = measured_name(lesson.parent.name), str(lesson.relative_to(ROOT))
+        stage, path = lesson.parent.name, str(lesson.relative_to(ROOT))
         yield path, stage, stage_table(H100, stage, "fwd")
         yield path, f"{stage}:bwd", stage_table(H100, stage, "bwd")
         yield path, f"{stage}:ablations", ablation_table(H100, stage) or []

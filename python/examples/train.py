@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 try:
-    import flash_stages  # installed: pip install ./python
+    import flash_stages  # installed: pip install . (repository root)
 except ImportError:  # or straight from the source tree, with the libraries of its build/lib
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     import flash_stages

@@ -62,7 +62,7 @@ def _stage(name):
     if not found:
         raise RuntimeError("flash_stages: no stage libraries found in "
                            + ", ".join(str(d) for d in _library.library_dirs())
-                           + "; build them (cmake --workflow --preset default) or pip install ./python")
+                           + "; build them (cmake --workflow --preset default) or pip install . from the repository root")
     if name not in found:
         raise ValueError(f"flash_stages: stage must be one of {', '.join(found)}; got {name!r}")
     return found[name]
@@ -98,18 +98,43 @@ def _check_runs(stage, shape, device):
         raise ValueError(reason)
 
 
-@torch.library.custom_op("flash_stages::forward", mutates_args=())
+def _check_op_inputs(op, tensors):
+    """What the kernels assume of the tensors they are handed: contiguous fp16 [B, H, S, D] of one
+    shape, on one CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here).
+    attention() checks the same with friendlier messages and copies what it can; these checks make
+    a direct call of torch.ops.flash_stages.* as safe."""
+    q = tensors[0][1]
+    for name, t in tensors:
+        if t.dtype != torch.float16 or t.dim() != 4 or t.shape != q.shape or t.device != q.device:
+            raise ValueError(f"flash_stages::{op}: {name} must be a float16 [batch, heads, seq, dim] tensor of q's "
+                             f"shape and device, got {t.dtype} {tuple(t.shape)} on {t.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"flash_stages::{op}: {name} must be contiguous (attention() copies it first)")
+
+
+def _lse_shape(q, stage):
+    """The forward's second output: the row log-sum-exp in log2 units, [B, H, S] floats, which a
+    stage with a backward pass writes for it (its whole workspace); empty for a forward-only stage.
+    Computed from q's sizes alone, so that under torch.compile(dynamic=True) they stay symbolic."""
+    return tuple(q.shape[:3]) if _stage(stage).has_backward else (0,)
+
+
+@torch.library.custom_op("flash_stages::forward", mutates_args=(), device_types="cuda")
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              stage: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """O and the stage's workspace (bytes; for stages with a backward pass, the row log-sum-exp
-    the backward recomputes P from, one float per row and nothing else, since autograd keeps it
-    until the backward). Inputs: contiguous fp16 [B, H, S, D] on one CUDA device."""
+    """O and, for a stage with a backward pass, the row log-sum-exp (log2 units, [B, H, S] float32)
+    that the backward recomputes P from: the stage's whole workspace, which autograd keeps until
+    the backward. A forward-only stage's workspace (stage 01's scores) is a temporary of the call."""
+    _check_op_inputs("forward", (("q", q), ("k", k), ("v", v)))
     st = _stage(stage)
     shape = _shape(q, causal)
     _check_runs(st, shape, q.device)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     o = torch.empty_like(q)
-    workspace = torch.empty(st.workspace_bytes(shape), dtype=torch.uint8, device=q.device)
+    lse = torch.empty(_lse_shape(q, stage), dtype=torch.float32, device=q.device)
+    workspace = lse if st.has_backward else torch.empty(st.workspace_bytes(shape), dtype=torch.uint8, device=q.device)
+    if st.has_backward and st.workspace_bytes(shape) != lse.numel() * lse.element_size():
+        raise RuntimeError(f"flash_stages: stage {stage}'s workspace is not the row log-sum-exp the op expects")
     # The forward's own temporaries (stage 09's tile counter): per call, so that forwards on two
     # streams never share them. Once freed, the caching allocator hands its memory only to work
     # queued after this call on the same stream.
@@ -117,52 +142,66 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
                                workspace=_pointer(workspace), forward_scratch=_pointer(scratch))
     st.forward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
-    return o, workspace
+    return o, lse
 
 
 @_forward.register_fake
 def _(q, k, v, causal, stage):
-    return torch.empty_like(q), q.new_empty(_stage(stage).workspace_bytes(_shape(q, causal)), dtype=torch.uint8)
+    return torch.empty_like(q), q.new_empty(_lse_shape(q, stage), dtype=torch.float32)
 
 
-@torch.library.custom_op("flash_stages::backward", mutates_args=())
+@torch.library.custom_op("flash_stages::backward", mutates_args=(), device_types="cuda")
 def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-              workspace: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV. The kernels only read the forward's workspace and write their own temporaries
-    (delta, stage 08's float dQ) into a scratch buffer of this call, so the op is pure without a
-    copy, and a graph can be run backward twice (retain_graph)."""
+              lse: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV. The kernels only read the forward's O and log-sum-exp and write their own
+    temporaries (delta, stage 08's float dQ) into a scratch buffer of this call, so the op is pure
+    without a copy, and a graph can be run backward twice (retain_graph)."""
+    _check_op_inputs("backward", (("d_o", d_o), ("q", q), ("k", k), ("v", v), ("o", o)))
     st = _stage(stage)
     shape = _shape(q, causal)
+    if not st.has_backward:
+        raise ValueError(f"flash_stages::backward: stage {stage} has a forward pass only")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:3]) or not lse.is_contiguous():
+        raise ValueError(f"flash_stages::backward: lse must be the forward's contiguous float32 [batch, heads, seq], "
+                         f"got {lse.dtype} {tuple(lse.shape)}")
     d_o, q, k, v = _aligned(d_o), _aligned(q), _aligned(k), _aligned(v)
     scratch = torch.empty(st.backward_scratch_bytes(shape), dtype=torch.uint8, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(workspace), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
+                               workspace=_pointer(lse), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
                                dv=_pointer(dv), backward_scratch=_pointer(scratch))
     st.backward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
     return dq, dk, dv
 
 
 @_backward.register_fake
-def _(d_o, q, k, v, o, workspace, causal, stage):
+def _(d_o, q, k, v, o, lse, causal, stage):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, stage = inputs
-    o, workspace = output
-    ctx.mark_non_differentiable(workspace)
-    ctx.save_for_backward(q, k, v, o, workspace)
+    o, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.stage = causal, stage
 
 
-def _gradients(ctx, grad_o, grad_workspace):
-    q, k, v, o, workspace = ctx.saved_tensors
-    dq, dk, dv = torch.ops.flash_stages.backward(grad_o.contiguous(), q, k, v, o, workspace, ctx.causal, ctx.stage)
+def _gradients(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flash_stages.backward(grad_o.contiguous(), q, k, v, o, lse, ctx.causal, ctx.stage)
     return dq, dk, dv, None, None
 
 
 _forward.register_autograd(_gradients, setup_context=_setup_context)
+# Under torch.autocast("cuda") (fp16), float32 q, k and v reach the kernels as fp16, and O is fp16,
+# as with F.scaled_dot_product_attention.
+torch.library.register_autocast("flash_stages::forward", "cuda", torch.float16)
+
+
+def _autocast_to_fp16():
+    """Whether torch.autocast("cuda") is on with fp16, which the op's autocast rule casts to."""
+    return torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.float16
 
 
 def _check_inputs(q, k, v):
@@ -171,7 +210,7 @@ def _check_inputs(q, k, v):
             raise TypeError(f"flash_stages.attention: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != "cuda":
             raise ValueError(f"flash_stages.attention: {name} must be a CUDA tensor, got device {t.device}")
-        if t.dtype != torch.float16:
+        if t.dtype != torch.float16 and not (t.dtype == torch.float32 and _autocast_to_fp16()):
             raise TypeError(f"flash_stages.attention: {name} must be torch.float16 (the kernels are fp16 only), "
                             f"got {t.dtype}")
         if t.dim() != 4:
@@ -190,20 +229,25 @@ def _check_inputs(q, k, v):
         raise ValueError(f"flash_stages.attention: batch, heads and seq must be at least 1, got {tuple(q.shape)}")
 
 
-def attention(q, k, v, causal=False, scale=None, stage=None):
+def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     """softmax(scale · q kᵀ, causal mask) v, as ``F.scaled_dot_product_attention(q, k, v,
     is_causal=causal, scale=scale)``.
 
     q, k, v: CUDA fp16 tensors of one shape [batch, heads, seq, dim], on one device; any seq >= 1,
-    dim 64 or 128. Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed), and
-    views that do not start on a 16-byte boundary, are copied first.
+    dim 64 or 128 (float32 under ``torch.autocast("cuda")``, which runs the kernels in fp16).
+    Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed), and views that do
+    not start on a 16-byte boundary, are copied first.
 
-    scale: None means 1/sqrt(dim), which the kernels apply themselves. Any other value is applied by
-    multiplying q by scale·sqrt(dim) before the kernel: one extra pass over q and one more fp16
-    rounding of it (autograd carries the factor into dq).
+    scale: None, or within a relative 1e-6 of 1/sqrt(dim) (as ``dim ** -0.5`` is), means 1/sqrt(dim),
+    which the kernels apply themselves. Any other value is applied by multiplying q by
+    scale·sqrt(dim) before the kernel: one extra pass over q and one more fp16 rounding of it
+    (autograd carries the factor into dq).
 
     stage: a name from :func:`stages`, or None for :func:`default_stage`. Stages without a backward
     pass (01-07) raise an error when a gradient is required.
+
+    return_lse: also return each row's log-sum-exp of the scaled scores, natural log, [batch, heads,
+    seq] float32 (not differentiable), as FlashAttention's softmax_lse; stages with a backward pass only.
     """
     _check_inputs(q, k, v)
     name = default_stage(q.device) if stage is None else stage
@@ -212,8 +256,13 @@ def attention(q, k, v, causal=False, scale=None, stage=None):
         trainable = ", ".join(s.name for s in _library.load_stages().values() if s.has_backward)
         raise RuntimeError(f"flash_stages.attention: stage {name} has a forward pass only, and a gradient is "
                            f"required; use one of {trainable}, or run under torch.no_grad()")
+    if return_lse and not st.has_backward:
+        raise ValueError(f"flash_stages.attention: return_lse needs a stage with a backward pass, which writes the "
+                         f"log-sum-exp; {name} has a forward pass only")
     dim = q.shape[-1]
-    if scale is not None and scale != 1.0 / math.sqrt(dim):
+    if scale is not None and not math.isclose(scale, 1.0 / math.sqrt(dim), rel_tol=1e-6):
         q = q * (scale * math.sqrt(dim))
-    o, _ = torch.ops.flash_stages.forward(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), name)
+    o, lse_log2 = torch.ops.flash_stages.forward(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), name)
+    if return_lse:
+        return o, lse_log2 * math.log(2.0)
     return o

@@ -5,6 +5,7 @@ table of ``common/attn.h``. No second implementation: the harness and PyTorch ca
 import ctypes
 import os
 import pathlib
+import sysconfig
 
 
 class Shape(ctypes.Structure):
@@ -45,9 +46,12 @@ class _StageTable(ctypes.Structure):
 
 def library_dirs():
     """Where the libraries are looked for, in order: $FLASH_STAGES_LIB_DIR, the installed package's
-    lib/ (pip install ./python), and the source tree's build/lib/ (the README's build)."""
+    lib/ (pip install .), flash_stages/lib/ in the environment's site-packages (where an
+    editable install, pip install -e ., puts them while the package itself stays in the
+    source tree), and the source tree's build/lib/ (the README's build)."""
     here = pathlib.Path(__file__).resolve().parent
-    dirs = [here / "lib", here.parents[1] / "build" / "lib"]
+    site = pathlib.Path(sysconfig.get_paths()["platlib"]) / "flash_stages" / "lib"
+    dirs = list(dict.fromkeys([here / "lib", site, here.parents[1] / "build" / "lib"]))
     if os.environ.get("FLASH_STAGES_LIB_DIR"):
         dirs.insert(0, pathlib.Path(os.environ["FLASH_STAGES_LIB_DIR"]))
     return dirs

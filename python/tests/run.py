@@ -5,15 +5,17 @@ is missing, so that a machine without them never counts the tests as passed."""
 import pathlib
 import sys
 
+CHOOSE = ("CTest runs the first interpreter with PyTorch that CMake found (tests/CMakeLists.txt); configure with "
+          "-DFLASH_STAGES_PYTHON=/path/to/python to choose one")
 try:
     import torch
 except ImportError:
-    print("SKIPPED: PyTorch is not installed")
+    print(f"SKIPPED: PyTorch is not installed for {sys.executable}. {CHOOSE}")
     sys.exit(77)
 try:
     import pytest
 except ImportError:
-    print("SKIPPED: pytest is not installed")
+    print(f"SKIPPED: pytest is not installed for {sys.executable}. {CHOOSE}")
     sys.exit(77)
 if not torch.cuda.is_available():
     print("SKIPPED: no CUDA GPU")

@@ -63,24 +63,108 @@ def test_forward_and_gradients_match_float64(stage, causal, shape):
 
 
 @pytest.mark.parametrize("stage", TRAINING_STAGES)
-def test_backward_only_reads_the_saved_workspace(stage):
-    # The workspace is what autograd saves from the forward for the backward: the log-sum-exp
-    # alone, one float per row. The backward writes its temporaries to a scratch of its own, so
-    # the workspace comes out as the forward wrote it, and a second backward of the same forward
-    # (retain_graph) gives the same gradients.
+def test_backward_only_reads_the_saved_lse(stage):
+    # The forward's second output is what autograd saves for the backward: the log-sum-exp alone,
+    # one float per row (the stage's whole workspace). The backward writes its temporaries to a
+    # scratch of its own, so the log-sum-exp comes out as the forward wrote it, and a second
+    # backward of the same forward (retain_graph) gives the same gradients.
     if not runs_here(stage):
         pytest.skip(f"{stage} needs an H100/H200")
     batch, heads, seq, _ = shape = (2, 3, 333, 64)
     q, k, v, d_o = inputs(shape, seed=6)
-    o, workspace = torch.ops.flash_stages.forward(q, k, v, True, stage)
-    assert workspace.numel() == 4 * batch * heads * seq, "the workspace holds more than the log-sum-exp"
-    as_written = workspace.clone()
-    first = torch.ops.flash_stages.backward(d_o, q, k, v, o, workspace, True, stage)
+    o, lse = torch.ops.flash_stages.forward(q, k, v, True, stage)
+    assert lse.shape == (batch, heads, seq) and lse.dtype == torch.float32
+    as_written = lse.clone()
+    first = torch.ops.flash_stages.backward(d_o, q, k, v, o, lse, True, stage)
     torch.cuda.synchronize()
-    assert torch.equal(workspace, as_written), "the backward wrote into the saved workspace"
-    second = torch.ops.flash_stages.backward(d_o, q, k, v, o, workspace, True, stage)
+    assert torch.equal(lse, as_written), "the backward wrote into the saved log-sum-exp"
+    second = torch.ops.flash_stages.backward(d_o, q, k, v, o, lse, True, stage)
     for a, b in zip(first, second):
         torch.testing.assert_close(a, b, atol=1e-3, rtol=0)  # stage 08 may sum dq in another order
+
+
+@pytest.mark.parametrize("stage", TRAINING_STAGES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_return_lse_matches_float64(stage, causal):
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    q, k, v, _ = inputs((2, 3, 333, 128), seed=7)
+    with torch.no_grad():
+        o, lse = flash_stages.attention(q, k, v, causal=causal, stage=stage, return_lse=True)
+    scores = q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(333, 333, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, dim=-1), atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("stage", TRAINING_STAGES)
+def test_opcheck(stage):
+    # PyTorch's own checks of a custom op: schema, fake implementation against the real one,
+    # autograd registration, and AOT dispatch with static and dynamic shapes.
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    q, k, v, d_o = inputs((1, 2, 130, 64), seed=8, requires_grad=True)
+    torch.library.opcheck(torch.ops.flash_stages.forward.default, (q, k, v, True, stage))
+    o, lse = torch.ops.flash_stages.forward(q.detach(), k.detach(), v.detach(), True, stage)
+    torch.library.opcheck(torch.ops.flash_stages.backward.default,
+                          (d_o.detach(), q.detach(), k.detach(), v.detach(), o, lse, True, stage))
+
+
+def test_one_graph_for_many_lengths():
+    # torch.compile(dynamic=True): the fake implementations keep the sizes symbolic, so new
+    # sequence lengths and batch sizes reuse the one compiled graph. Every size of the first call
+    # differs from the others and from 1: dynamo gives equal sizes one symbol and specializes
+    # sizes of 1, and a later call that breaks either would compile again.
+    from torch._dynamo.testing import CompileCounter
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step = torch.compile(lambda q, k, v: flash_stages.attention(q, k, v, causal=True), backend=counter,
+                         dynamic=True, fullgraph=True)
+    for shape in [(2, 3, 300, 64), (4, 3, 517, 64), (5, 3, 1000, 64)]:
+        q, k, v, _ = inputs(shape, seed=9)
+        with torch.no_grad():
+            torch.testing.assert_close(step(q, k, v), flash_stages.attention(q, k, v, causal=True), atol=0, rtol=0)
+    assert counter.frame_count == 1, f"{counter.frame_count} graphs for three shapes"
+
+
+def test_scale_of_one_over_sqrt_dim_takes_no_extra_pass():
+    q, k, v, _ = inputs((1, 2, 200, 128), seed=11)
+    with torch.no_grad():
+        default = flash_stages.attention(q, k, v)
+        # 128 ** -0.5 differs from 1 / math.sqrt(128) in its last bit: within the tolerance.
+        assert torch.equal(flash_stages.attention(q, k, v, scale=128 ** -0.5), default)
+
+
+def test_autocast_runs_float32_inputs_in_fp16():
+    q, k, v, _ = inputs((1, 2, 200, 64), seed=12)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        o = flash_stages.attention(q.float(), k.float(), v.float(), causal=True)
+    assert o.dtype == torch.float16
+    with torch.no_grad():
+        assert torch.equal(o, flash_stages.attention(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("case, words", [
+    ("fp32", "must be a float16"),
+    ("strided", "must be contiguous"),
+    ("shapes", "of q's shape and device"),
+])
+def test_the_op_itself_checks_its_inputs(case, words):
+    q, k, v = good()
+    if case == "fp32":
+        v = v.float()
+    elif case == "strided":
+        q = q.transpose(1, 2)
+    elif case == "shapes":
+        k = k[:, :, :32].contiguous()
+    with pytest.raises(ValueError, match=words):
+        torch.ops.flash_stages.forward(q, k, v, False, flash_stages.default_stage())
+
+
+def test_the_op_is_for_cuda_tensors_only():
+    q, k, v = (t.cpu() for t in good())
+    with pytest.raises(NotImplementedError):
+        torch.ops.flash_stages.forward(q, k, v, False, "08_warp_specialized")
 
 
 @pytest.mark.parametrize("stage", FORWARD_STAGES)
@@ -281,6 +365,7 @@ def good():
     ("not_tensor", TypeError, "v must be a torch.Tensor"),
     ("stage", ValueError, "stage must be one of"),
     ("forward_only_grad", RuntimeError, "has a forward pass only"),
+    ("forward_only_lse", ValueError, "return_lse needs a stage with a backward pass"),
 ])
 def test_bad_input_names_the_argument(case, error, words):
     q, k, v = good()
@@ -304,6 +389,8 @@ def test_bad_input_names_the_argument(case, error, words):
     elif case == "forward_only_grad":
         q.requires_grad_()
         kwargs["stage"] = "07_swizzle_cp_async"
+    elif case == "forward_only_lse":
+        kwargs.update(stage="07_swizzle_cp_async", return_lse=True)
     with pytest.raises(error) as raised:
         flash_stages.attention(q, k, v, **kwargs)
     assert words in str(raised.value)
