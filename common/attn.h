@@ -34,7 +34,7 @@ typedef struct {
                             // backward's own temporaries (delta, stage 08's float dQ), in any
                             // state on entry; nothing in it outlives the call.
     void *forward_scratch;  // device, forward_scratch_bytes(shape) bytes (NULL when 0): the
-                            // forward's own temporaries (stage 09's tile counter), in any state
+                            // forward's own temporaries (stage 10's tile counter), in any state
                             // on entry; nothing in it outlives the call.
 } attn_tensors;
 

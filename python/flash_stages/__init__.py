@@ -49,7 +49,7 @@ def _default_stage(device_index):
 
 def default_stage(device=None):
     """The fastest stage this GPU runs: the last one in course order with a backward pass whose
-    kernels run here (09_tma_wgmma on an H100/H200, compute capability 9.0; 08_warp_specialized on
+    kernels run here (10_fa3_schedule on an H100/H200, compute capability 9.0; 08_warp_specialized on
     every other GPU from sm_80)."""
     if device is None:
         return _default_stage(torch.cuda.current_device())
@@ -135,7 +135,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     workspace = lse if st.has_backward else torch.empty(st.workspace_bytes(shape), dtype=torch.uint8, device=q.device)
     if st.has_backward and st.workspace_bytes(shape) != lse.numel() * lse.element_size():
         raise RuntimeError(f"flash_stages: stage {stage}'s workspace is not the row log-sum-exp the op expects")
-    # The forward's own temporaries (stage 09's tile counter): per call, so that forwards on two
+    # The forward's own temporaries (stage 10's tile counter): per call, so that forwards on two
     # streams never share them. Once freed, the caching allocator hands its memory only to work
     # queued after this call on the same stream.
     scratch = torch.empty(st.forward_scratch_bytes(shape), dtype=torch.uint8, device=q.device)
