@@ -27,9 +27,15 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 H100 = "plots/data/h100.csv"
-# The ladders (ladder_table) were first measured on an H200, and the lessons' ladder tables come
-# from that GPU's run, the "ladders" companion of its CSV.
-LADDER_GPU = "plots/data/h200.csv"
+# The H200's CSV: the lessons' ladder tables (ladder_table) come from its run (the "ladders"
+# companion of its CSV), and a lesson's sweep tables too where the H100 never measured its stage.
+H200 = "plots/data/h200.csv"
+
+
+def lesson_gpu(stage):
+    """The CSV of a lesson's sweep tables: the H100's, or the H200's for a stage written after the
+    H100's run."""
+    return H100 if any(r["stage"] == stage for r in read_csv(H100)) else H200
 SEQS = [512 * 2**i for i in range(6)]  # the sweep: S = 512 ... 16384
 CELLS = [(64, 0), (64, 1), (128, 0), (128, 1)]  # the D x causal columns of every sweep table
 CELL_HEADER = ["D=64", "D=64 causal", "D=128", "D=128 causal"]
@@ -207,6 +213,10 @@ def course_table(csv_path):
         header.append("% of measured ceiling, D=64 / D=128")
     lines = [f"Forward TFLOP/s at S = 4096 (B = 4, H*D = 2048) and latency of the small shape, {fwd[-1]['gpu']},",
              f"from `{csv_path}` (commit {commits(fwd)}):", ""] + markdown_table(header, table)
+    missing = [p.name for p in sorted((ROOT / "stages").glob("[0-9][0-9]_*")) if p.name not in names]
+    if missing:
+        lines += ["", f"Not measured in this run: {', '.join(missing)} (written after it; see the other GPUs' pages, "
+                      "`plots/<gpu>.md`)."]
     bwd = [r for r in rows if r["direction"] == "bwd" and on_sweep(r) and int(r["seq"]) == 4096]
     if not bwd:
         return lines
@@ -669,12 +679,12 @@ def blocks():
     yield "python/README.md", "training", training_table(H100)
     for lesson in lessons():
         stage, path = lesson.parent.name, str(lesson.relative_to(ROOT))
-        yield path, stage, stage_table(H100, stage, "fwd")
-        yield path, f"{stage}:bwd", stage_table(H100, stage, "bwd")
+        yield path, stage, stage_table(lesson_gpu(stage), stage, "fwd")
+        yield path, f"{stage}:bwd", stage_table(lesson_gpu(stage), stage, "bwd")
         yield path, f"{stage}:ablations", ablation_table(H100, stage) or []
         yield path, f"{stage}:profile", profile_table(H100, stage)
-        yield path, f"{stage}:ladder", ladder_table(LADDER_GPU, stage, "fwd") or []
-        yield path, f"{stage}:ladder_bwd", ladder_table(LADDER_GPU, stage, "bwd") or []
+        yield path, f"{stage}:ladder", ladder_table(H200, stage, "fwd") or []
+        yield path, f"{stage}:ladder_bwd", ladder_table(H200, stage, "bwd") or []
 
 
 def with_block(text, key, lines):
