@@ -163,14 +163,14 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[KEY_TILE / 2], float
         // While a row has seen no key, its max is -inf: subtract 0 instead, since -inf - -inf is
         // NaN. Its alpha and P are then 2^-inf = 0, and its sum stays 0.
         const float base = new_max == -INFINITY ? 0.0f : new_max;
-        alpha[r] = exp2_approx(row_max[r] - base);
+        alpha[r] = exp2f(row_max[r] - base);
         row_max[r] = new_max;
         float tile_sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < KEY_TILE / 8; j++)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; e++) {
-                s_acc[4 * j + e] = exp2_approx(s_acc[4 * j + e] * scale_log2 - base);
+                s_acc[4 * j + e] = exp2f(s_acc[4 * j + e] * scale_log2 - base);
                 tile_sum += s_acc[4 * j + e];
             }
         row_sum[r] = row_sum[r] * alpha[r] + tile_sum;

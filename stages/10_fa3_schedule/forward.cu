@@ -2,11 +2,9 @@
 // copy engine (TMA), consumer warpgroups multiply with wgmma and run the softmax; mbarriers hand
 // the slots of shared-memory rings over, and FlashAttention-3's schedule keeps the tensor cores fed.
 //
-// The idea: stage 08 already splits the roles (a producer warp fills a K/V ring with cp.async,
-// consumer warps compute, mbarriers hand the slots over), but its consumers pull every K and V
-// fragment through their own registers with ldmatrix before mma.sync can use it, and its producer
-// warp holds as many registers as a consumer. Here the copy engine fills shared memory, the tensor
-// cores read it themselves, and the producer gives its registers away:
+// The idea: stage 09's frame (a TMA producer warpgroup, wgmma consumer warpgroups, setmaxnreg),
+// with FlashAttention-3's schedule on it so that the tensor cores no longer wait for a
+// warpgroup's softmax. The frame, as here:
 //   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for a query tile's Q,
 //     then for each key tile K into the K ring and V into the V ring (slots t % K_STAGES and
 //     t % V_STAGES), each after the consumers released that slot; the copy engine counts the
@@ -37,12 +35,9 @@
 //     writes O / l to a staging tile and one of its threads hands it to the copy engine (TMA
 //     stores, one per 64-column slab), so the warpgroup starts its next query tile at once
 //     instead of after 4-byte global stores from every thread.
-// What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of
-// a producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync;
-// setmaxnreg; warpgroups instead of warps; 64 query rows per warpgroup and 128-key tiles; the
-// 128-byte swizzle that TMA writes and wgmma reads (common/wgmma_ptx.cuh); the schedule above.
-// The online softmax and the log-sum-exp (log2 units) written to the workspace for the backward
-// pass (backward.cu) are stage 08's.
+// What changed from stage 09: the schedule above; ex2.approx for 2^x; three consumer warpgroups
+// at D = 64 where the mask and length allow; the log-sum-exp (log2 units) written to the workspace
+// for the backward pass (backward.cu), as stage 08's forward writes it.
 // The kernel, wgmma_forward, is a skeleton over named steps: produce (the producer loop), then per
 // query tile attend_overlapped or attend_in_order (the consumer loop, over online_softmax) and
 // store_query_tile (the epilogue); FwdRings lays out shared memory, and KvReader and
