@@ -48,7 +48,9 @@ fi
 slug=$(gpu_slug "$gpu_name")
 out=plots/data/$slug.csv
 tmp=$(mktemp "${TMPDIR:-/tmp}/bench.XXXXXX.csv")
-export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# The commit measured, with -dirty where tracked files differ from it: a copy of a working tree
+# with uncommitted changes, or a checkout whose .git is older than its files, says so.
+export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}
 
 mapfile -t shapes < <(grep -v '^#' plots/shapes.txt | grep -v '^ *$')
 echo "bench: $gpu_name, ${#stages[@]} stages x ${#shapes[@]} shapes, commit $FLASH_STAGES_COMMIT -> $out"

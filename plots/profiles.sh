@@ -33,7 +33,7 @@ gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 [ -n "$gpu_name" ] || { echo "profiles: no NVIDIA GPU found (nvidia-smi failed)" >&2; exit 1; }
 command -v ncu >/dev/null || { echo "profiles: ncu (Nsight Compute) not found" >&2; exit 1; }
 slug=$(gpu_slug "$gpu_name")
-commit=${FLASH_STAGES_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+commit=${FLASH_STAGES_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}  # as bench.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/profiles.XXXXXX")
 
 # The programs profiled: every stage, the ablation builds whose lesson quotes their profile, and
