@@ -35,6 +35,10 @@ for part in ${parts//,/ }; do
     case $part in sweep | peers | ablations | ladders | ceilings) ;; *) echo "bench: unknown part '$part'; $usage" >&2; exit 2 ;; esac
 done
 has_part() { [[ ",$parts," == *",$1,"* ]]; }
+# Some parts alone would replace the CSVs with their own rows: they go in with --merge only.
+for part in sweep peers ablations ladders ceilings; do
+    has_part $part || [ $merge = 1 ] || { echo "bench: --parts without '$part' needs --merge; $usage" >&2; exit 2; }
+done
 if has_part sweep || has_part ablations || has_part ladders; then
     [ ${#stages[@]} -gt 0 ] || { echo "$usage" >&2; exit 2; }
 fi
