@@ -8,10 +8,12 @@
 # sets FLASH_STAGES_BIN.
 #
 # --parts LIST (comma-separated; default sweep,peers,ablations,ladders,ceilings) runs only those
-# parts, and --merge puts their rows into the CSVs already there (plots/merge_rows.py) instead of
-# replacing them: where one command may not run for the whole benchmark, run it as several, for
-# instance `--parts sweep --merge 01_naive_3pass ... 05_wmma_qk`, then the other stages, then
-# `--parts peers,ceilings --merge`, on the same machine.
+# parts, and --merge (which a subset of parts needs) puts their rows into the CSVs already there
+# (plots/merge_rows.py) instead of replacing them: where one command may not run for the whole
+# benchmark, build once (cmake --workflow --preset full), then run it as several commands on the
+# same machine with FLASH_STAGES_BIN=build/bin, for instance `--parts sweep --merge
+# 01_naive_3pass ... 05_wmma_qk`, then the other stages, then `--parts peers,ceilings --merge`
+# (the peers and the ceilings take no STAGE).
 #
 # Each measurement is checked against the float64 reference before it is timed; a stage that
 # cannot run a shape (memory, or unsupported) says so and the sweep goes on. Exit status is
