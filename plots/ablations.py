@@ -28,7 +28,7 @@ import sys
 import time
 
 from merge_rows import merge
-from tables import ROOT, read_ablations, read_ladder
+from tables import ROOT, previous_stage, read_ablations, read_ladder
 
 
 def shapes(listed):
@@ -61,11 +61,11 @@ def ladder_runs(stage):
     if ladder is None:
         return []
     measured = list(shapes({"seqs": [4096], "small": None}))
-    previous = sorted(p.name for p in (ROOT / "stages").glob(f"{int(stage[:2]) - 1:02d}_*"))
+    previous = previous_stage(stage)
     runs = []
     for direction, steps in ladder.items():
-        if previous and (direction == "fwd" or (ROOT / "stages" / previous[0] / "backward.cu").exists()):
-            runs.append((previous[0], direction))
+        if previous and (direction == "fwd" or (ROOT / "stages" / previous / "backward.cu").exists()):
+            runs.append((previous, direction))
         runs += [(f"{stage}.{direction}_step{k}", direction) for k in range(len(steps["ideas"]))]
         runs.append((stage, direction))
     return [(program, direction, measured) for program, direction in runs]

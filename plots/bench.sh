@@ -111,7 +111,7 @@ fi
 
 mkdir -p plots/data
 if [ $merge = 1 ]; then
-    python3 plots/merge_rows.py "$tmp" "$out" && rm -f "$tmp"
+    python3 plots/merge_rows.py "$tmp" "$out"
 elif has_part sweep || has_part peers; then
     mv "$tmp" "$out"
 fi

@@ -110,6 +110,12 @@ def read_ablations(stage):
     return {"builds": builds, "seqs": seqs, "small": small, "peer": peer}
 
 
+def previous_stage(stage):
+    """The folder of the stage before `stage` in the course (stages/<NN-1>_*), or "" for the first."""
+    found = sorted(p.name for p in (ROOT / "stages").glob(f"{int(stage[:2]) - 1:02d}_*"))
+    return found[0] if found else ""
+
+
 def read_ladder(stage):
     """stages/<stage>/ladder.txt: per pass ("fwd", "bwd"), what step 0 is and the ideas in the
     order they are switched on (name, the -D definitions that switch each off, the idea); or None
@@ -292,8 +298,7 @@ def ablation_table(csv_path, stage):
                 tf[key_of(r)] = num(r, "tflops")
     for r in rows:
         tf[key_of(r)] = num(r, "tflops")
-    previous = sorted(p.name for p in (ROOT / "stages").glob(f"{int(stage[:2]) - 1:02d}_*"))
-    previous = previous[0] if previous else ""
+    previous = previous_stage(stage)
     has_bwd = any("bwd" in b["passes"] for b in listed["builds"])
 
     def cell(build, seq, direction, D, c):
@@ -373,9 +378,9 @@ def ladder_table(csv_path, stage, direction, page=None):
         return [f"_No ladder measurements committed yet ({path})._"]
     tf = {key_of(r): num(r, "tflops") for r in rows if int(r["seq"]) == 4096}
     ideas = ladder[direction]["ideas"]
-    previous = sorted(p.name for p in (ROOT / "stages").glob(f"{int(stage[:2]) - 1:02d}_*"))
-    programs = ([(previous[0], f"stage {previous[0][:2]}", "the previous stage, as built", "")]
-                if previous and (previous[0], 4096, 64, 0, direction) in tf else [])
+    previous = previous_stage(stage)
+    programs = ([(previous, f"stage {previous[:2]}", "the previous stage, as built", "")]
+                if previous and (previous, 4096, 64, 0, direction) in tf else [])
     programs.append((f"{stage}.{direction}_step0", "0", ladder[direction]["base"], ""))
     for k, idea in enumerate(ideas, 1):
         program = stage if k == len(ideas) else f"{stage}.{direction}_step{k}"
