@@ -12,24 +12,28 @@
 extern "C" {
 #endif
 
-// One attention problem. Tensors are fp16, row-major [B, H, S, D]; softmax scale is 1/sqrt(D).
+// The element type of Q, K, V, O and the gradients. fp16 is 0, so a shape that names none is fp16.
+typedef enum { ATTN_FP16 = 0, ATTN_BF16 = 1 } attn_dtype;
+
+// One attention problem. Tensors are row-major [B, H, S, D] of `dtype`; softmax scale is 1/sqrt(D).
 typedef struct {
     int batch;   // B >= 1
     int heads;   // H >= 1
     int seq;     // S >= 1, any value: kernels mask tails, never assume divisibility
     int dim;     // D, head dimension
     int causal;  // 1: query i sees keys 0..i only
+    int dtype;   // attn_dtype: fp16 (every stage) or bf16 (the stages whose table says so)
 } attn_shape;
 
 typedef struct {
-    const void *q, *k, *v;  // device, fp16 [B, H, S, D]
-    void *o;                // device, fp16 [B, H, S, D]
+    const void *q, *k, *v;  // device, [B, H, S, D] of shape->dtype, as are all the tensors below
+    void *o;                // device, [B, H, S, D]
     void *workspace;        // device, workspace_bytes(shape) bytes (NULL when 0). The forward
                             // writes it; the backward only reads it (the row log-sum-exp), so one
                             // forward serves any number of backward passes without a copy.
     // Backward only (NULL otherwise): the incoming gradient dO and the gradients to write.
-    const void *d_o;        // device, fp16 [B, H, S, D]
-    void *dq, *dk, *dv;     // device, fp16 [B, H, S, D]
+    const void *d_o;        // device, [B, H, S, D]
+    void *dq, *dk, *dv;     // device, [B, H, S, D]
     void *backward_scratch; // device, backward_scratch_bytes(shape) bytes (NULL when 0): the
                             // backward's own temporaries (delta, stage 08's float dQ), in any
                             // state on entry; nothing in it outlives the call.
@@ -76,6 +80,9 @@ typedef struct attn_stage {
     // 1 when the kernels use sm_90a instructions (wgmma, setmaxnreg): they run on compute
     // capability 9.0 (H100, H200) only, and the harness skips other GPUs with a message.
     int needs_sm90a ATTN_OPTIONAL;
+    // 1 when the kernels take bf16 tensors as well as fp16 (shape->dtype); the harness refuses
+    // bf16 for the other stages.
+    int runs_bf16 ATTN_OPTIONAL;
 } attn_stage;
 
 // Defined by the stage being built into this executable.

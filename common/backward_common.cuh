@@ -3,14 +3,16 @@
 #ifndef FLASH_STAGES_BACKWARD_COMMON_CUH
 #define FLASH_STAGES_BACKWARD_COMMON_CUH
 
+#include "elem.cuh"
 #include "kernel_common.cuh"
 
 // delta_i = dO_i . O_i, the term every dS = P ∘ (dP - delta) needs: eight lanes per row, each
-// reading 16 bytes (8 halves) of O and of dO at a time, so that a warp has four rows' loads in
+// reading 16 bytes (8 elements) of O and of dO at a time, so that a warp has four rows' loads in
 // flight at once (D is a multiple of 64). It also zeroes `zero_vec4` float4s at `zero` (an atomic
 // dQ's sums; none: NULL, 0), which saves a launch.
 #define DELTA_LANES_PER_ROW 8
-static __global__ void backward_delta(const __half *o, const __half *d_o, float *delta, int rows, int D,
+template <typename Elem>
+static __global__ void backward_delta(const Elem *o, const Elem *d_o, float *delta, int rows, int D,
                                       float4 *zero, size_t zero_vec4) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < zero_vec4; i += (size_t)gridDim.x * blockDim.x)
         zero[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -20,10 +22,10 @@ static __global__ void backward_delta(const __half *o, const __half *d_o, float 
     float sum = 0.0f;
     for (int d = 8 * part; d < D; d += 8 * DELTA_LANES_PER_ROW) {
         const uint4 a = *(const uint4 *)(o + row * D + d), b = *(const uint4 *)(d_o + row * D + d);
-        const __half2 *a2 = (const __half2 *)&a, *b2 = (const __half2 *)&b;
+        const uint32_t a2[4] = {a.x, a.y, a.z, a.w}, b2[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const float2 x = __half22float2(a2[k]), y = __half22float2(b2[k]);
+            const float2 x = unpack2<Elem>(a2[k]), y = unpack2<Elem>(b2[k]);
             sum += x.x * y.x + x.y * y.y;
         }
     }
@@ -39,25 +41,36 @@ static __global__ void backward_delta(const __half *o, const __half *d_o, float 
 static inline cudaError_t launch_backward_delta(const attn_shape *s, const attn_tensors *t, cudaStream_t stream,
                                                float *zero = NULL, size_t zero_floats = 0) {
     const int rows = (int)attention_rows(s), threads = 128, rows_per_block = threads / DELTA_LANES_PER_ROW;
-    backward_delta<<<ceil_div(rows, rows_per_block), threads, 0, stream>>>(
-        (const __half *)t->o, (const __half *)t->d_o, scratch_delta(s, t), rows, s->dim, (float4 *)zero,
-        zero_floats / 4);
+    const int blocks = ceil_div(rows, rows_per_block);
+    if (s->dtype == ATTN_BF16)
+        backward_delta<<<blocks, threads, 0, stream>>>((const __nv_bfloat16 *)t->o, (const __nv_bfloat16 *)t->d_o,
+                                                       scratch_delta(s, t), rows, s->dim, (float4 *)zero,
+                                                       zero_floats / 4);
+    else
+        backward_delta<<<blocks, threads, 0, stream>>>((const __half *)t->o, (const __half *)t->d_o,
+                                                       scratch_delta(s, t), rows, s->dim, (float4 *)zero,
+                                                       zero_floats / 4);
     return cudaGetLastError();
 }
 
-// dQ = scale * the float sums of an atomic dQ (scratch_dq_accum, kernel_common.cuh), as fp16; n
-// is even (D is).
-static __global__ void backward_dq_convert(const float *dq_accum, __half *dq, size_t n, float scale) {
+// dQ = scale * the float sums of an atomic dQ (scratch_dq_accum, kernel_common.cuh), as fp16 or
+// bf16; n is even (D is).
+template <typename Elem>
+static __global__ void backward_dq_convert(const float *dq_accum, Elem *dq, size_t n, float scale) {
     for (size_t i = 2 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 2 * (size_t)gridDim.x * blockDim.x) {
         const float2 x = *(const float2 *)(dq_accum + i);
-        *(__half2 *)(dq + i) = __floats2half2_rn(x.x * scale, x.y * scale);
+        *(uint32_t *)(dq + i) = pack2<Elem>(x.x * scale, x.y * scale);
     }
 }
 
 // Enqueues backward_dq_convert over the whole dQ.
 static inline void launch_backward_dq_convert(const attn_shape *s, const attn_tensors *t, float scale,
                                               cudaStream_t stream) {
-    backward_dq_convert<<<1024, 256, 0, stream>>>(scratch_dq_accum(s, t), (__half *)t->dq, attn_elems(s), scale);
+    if (s->dtype == ATTN_BF16)
+        backward_dq_convert<<<1024, 256, 0, stream>>>(scratch_dq_accum(s, t), (__nv_bfloat16 *)t->dq, attn_elems(s),
+                                                      scale);
+    else
+        backward_dq_convert<<<1024, 256, 0, stream>>>(scratch_dq_accum(s, t), (__half *)t->dq, attn_elems(s), scale);
 }
 
 #endif

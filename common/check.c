@@ -56,14 +56,14 @@ static void note_bad(check_result *r, size_t index, double out, double ref, doub
 }
 
 // Counts the elements of `out` still holding the poison, and the other NaN/Inf elements.
-static void scan_output(const uint16_t *out, size_t n, check_result *r) {
+static void scan_output(const uint16_t *out, size_t n, int dtype, check_result *r) {
     for (size_t i = 0; i < n; i++) {
         if (out[i] == HALF_POISON) {
             r->unwritten++;
             note_bad(r, i, NAN, NAN, NAN, NULL);
-        } else if (!isfinite(half_to_float(out[i]))) {
+        } else if (!isfinite(elem_to_float(out[i], dtype))) {
             r->nonfinite++;
-            note_bad(r, i, half_to_float(out[i]), NAN, NAN, NULL);
+            note_bad(r, i, elem_to_float(out[i], dtype), NAN, NAN, NULL);
         }
     }
 }
@@ -71,9 +71,11 @@ static void scan_output(const uint16_t *out, size_t n, check_result *r) {
 int check_inputs_finite(const attn_shape *shape, const uint16_t *tensor, const char *name, char *msg,
                         size_t msg_size) {
     const size_t n = attn_elems(shape);
+    // The exponent's and the mantissa's bits: fp16 has 5 and 10, bf16 8 and 7.
+    const uint16_t exponent = shape->dtype == ATTN_BF16 ? 0x7f80 : 0x7c00, mantissa = 0x7fff & ~exponent;
     for (size_t i = 0; i < n; i++) {
-        if ((tensor[i] & 0x7c00) != 0x7c00) continue;  // exponent all ones: Inf or NaN
-        const char *what = (tensor[i] & 0x03ff) ? "nan" : (tensor[i] & 0x8000) ? "-inf" : "inf";
+        if ((tensor[i] & exponent) != exponent) continue;  // exponent all ones: Inf or NaN
+        const char *what = (tensor[i] & mantissa) ? "nan" : (tensor[i] & 0x8000) ? "-inf" : "inf";
         const size_t D = (size_t)shape->dim, S = (size_t)shape->seq, H = (size_t)shape->heads;
         snprintf(msg, msg_size,
                  "%s holds a non-finite value (%s) at [b=%zu, h=%zu, s=%zu, d=%zu]; inputs must be "
@@ -84,19 +86,22 @@ int check_inputs_finite(const attn_shape *shape, const uint16_t *tensor, const c
     return 0;
 }
 
-// Compares D fp16 outputs at out[base..] with their float64 reference and its error terms (worst
-// and rss, in units of u): per element |out - ref| <= check_element_bound(worst); per row
+// Compares D outputs at out[base..] (fp16 or bf16, by the shape) with their float64 reference and
+// its error terms (worst and rss, in units of u): per element |out - ref| <=
+// check_element_bound(worst, u); per row
 // ||out - ref|| <= row_rel_l2 ||ref|| + CHECK_ROW_RSS u ||rss||. Non-finite outputs are skipped:
 // scan_output counts them.
-static row_errors compare_row(const uint16_t *out, size_t base, const double *ref,
-                              const double *worst, const double *rss, int D, double row_rel_l2) {
+static row_errors compare_row(const attn_shape *shape, const uint16_t *out, size_t base, const double *ref,
+                              const double *worst, const double *rss, double row_rel_l2) {
+    const int D = shape->dim;
+    const double u = ref_rounding_of(shape->dtype).u;
     row_errors e = {0};
     e.first_bad = (size_t)-1;
     double rss_sq = 0.0;
     for (int d = 0; d < D; d++) {
-        const double o = half_to_float(out[base + d]);
+        const double o = elem_to_float(out[base + d], shape->dtype);
         if (!isfinite(o)) continue;
-        const double err = fabs(o - ref[d]), bound = check_element_bound(worst[d]);
+        const double err = fabs(o - ref[d]), bound = check_element_bound(worst[d], u);
         e.err_sq += err * err;
         e.ref_sq += ref[d] * ref[d];
         rss_sq += rss[d] * rss[d];
@@ -106,7 +111,7 @@ static row_errors compare_row(const uint16_t *out, size_t base, const double *re
             e.first_bad = base + d, e.bad_out = o, e.bad_ref = ref[d], e.bad_bound = bound;
     }
     e.row_err = sqrt(e.err_sq);
-    e.row_bound = row_rel_l2 * sqrt(e.ref_sq) + CHECK_ROW_RSS * REF_U * sqrt(rss_sq);
+    e.row_bound = row_rel_l2 * sqrt(e.ref_sq) + CHECK_ROW_RSS * u * sqrt(rss_sq);
     e.over_row_bound = e.row_err > e.row_bound;
     return e;
 }
@@ -131,7 +136,7 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
     r.first_bad = (size_t)-1;
 
     // 1. Every element: unwritten (poison still there) or non-finite.
-    scan_output(out, n, &r);
+    scan_output(out, n, shape->dtype, &r);
 
     // 2. Which rows to compare.
     const double macs_per_row = (double)S * D;
@@ -166,7 +171,7 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
                                 (reference_error){worst, rss});
 
             const size_t base = (((size_t)b * H + h) * S + row) * D;
-            const row_errors e = compare_row(out, base, ref_row, worst, rss, D, CHECK_ROW_REL_L2);
+            const row_errors e = compare_row(shape, out, base, ref_row, worst, rss, CHECK_ROW_REL_L2);
             OMP_CRITICAL
             add_row(&r, &e, base, &err_sq, &ref_sq);
         }
@@ -177,10 +182,10 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
 }
 
 // The rule's constants, for the lines that report a check.
-static void print_bounds(void) {
+static void print_bounds(const attn_shape *shape) {
     printf("bounds: |err| <= %g u worst + 2^-24 per element, ||err|| <= %g ||ref|| + %g u ||rss|| per "
-           "row, u = 2^-11",
-           CHECK_C1, CHECK_ROW_REL_L2, CHECK_ROW_RSS);
+           "row, u = %s",
+           CHECK_C1, CHECK_ROW_REL_L2, CHECK_ROW_RSS, shape->dtype == ATTN_BF16 ? "2^-8 (bf16)" : "2^-11 (fp16)");
 }
 
 void check_print(const attn_shape *shape, const check_result *r) {
@@ -188,7 +193,7 @@ void check_print(const attn_shape *shape, const check_result *r) {
            "error %.2f of its bound (",
            r->full ? "full output" : "sampled rows", r->rows_checked, r->max_abs_err,
            r->rel_l2_err, r->max_bound_ratio);
-    print_bounds();
+    print_bounds(shape);
     printf(")\n");
     check_print_verdict("check", shape, r);
 }
@@ -290,7 +295,7 @@ static void check_backward_head(const attn_shape *shape, const float *q, const f
     for (size_t i = 0; i < n_rows; i++) {
         const grad_row *g = &h->rows[i];
         const size_t base = ((size_t)g->bh * S + g->row) * D;
-        const row_errors e = compare_row(grads[g->tensor], base, ref + i * D, worst + i * D, rss + i * D, D,
+        const row_errors e = compare_row(shape, grads[g->tensor], base, ref + i * D, worst + i * D, rss + i * D,
                                          CHECK_ROW_REL_L2);
         OMP_CRITICAL
         add_row(r[g->tensor], &e, base, &err_sq[g->tensor], &ref_sq[g->tensor]);
@@ -306,7 +311,7 @@ check_bwd_result check_backward(const attn_shape *shape, const float *q, const f
     for (int t = 0; t < 3; t++) {
         *r[t] = (check_result){0};
         r[t]->first_bad = (size_t)-1;
-        scan_output(grads[t], n, r[t]);
+        scan_output(grads[t], n, shape->dtype, r[t]);
     }
 
     // Heads, and rows within a head: everything when a full check fits CHECK_BWD_FULL_MACS; else
@@ -357,6 +362,6 @@ void check_print_backward(const attn_shape *shape, const check_bwd_result *r) {
         check_print_verdict(label, shape, c[t]);
     }
     printf("check (backward) ");
-    print_bounds();
+    print_bounds(shape);
     printf("\n");
 }

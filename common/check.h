@@ -1,4 +1,4 @@
-// check.h - compare a stage's fp16 output with the float64 reference.
+// check.h - compare a stage's fp16 or bf16 output with the float64 reference.
 #ifndef FLASH_STAGES_CHECK_H
 #define FLASH_STAGES_CHECK_H
 
@@ -9,12 +9,12 @@
 #include "reference.h"
 
 // The rule, for the forward and the backward alike (docs/measuring.md derives it). The reference
-// gives, with every element, the first-order bound `worst` on the error a correct fp16 kernel can
-// make on it and the root-sum-square `rss` of the same terms, both in units of u = 2^-11
-// (reference.h). An element passes if
+// gives, with every element, the first-order bound `worst` on the error a correct kernel can
+// make on it and the root-sum-square `rss` of the same terms, both in units of the element type's
+// unit roundoff u: 2^-11 for fp16, 2^-8 for bf16 (reference.h). An element passes if
 //   |out - ref| <= CHECK_C1 * u * worst + CHECK_ATOL_FLOOR,
 // where CHECK_C1 = 2 doubles the first-order bound to cover what the analysis leaves out (fp32
-// sums over keys, exp, lse, second-order terms); the floor is fp16's smallest subnormal, for exact
+// sums over keys, exp, lse, second-order terms); the floor, fp16's smallest subnormal, is for exact
 // zeros. A row passes if
 //   ||out_row - ref_row|| <= CHECK_ROW_REL_L2 * ||ref_row|| + CHECK_ROW_RSS * u * ||rss_row||:
 // independent roundings add up like a random walk, so a row's L2 error stays within a few rss (4
@@ -26,8 +26,8 @@
 #define CHECK_ROW_RSS 4.0
 #define CHECK_ROW_REL_L2 1e-2
 
-static inline double check_element_bound(double worst) {
-    return CHECK_C1 * REF_U * worst + CHECK_ATOL_FLOOR;
+static inline double check_element_bound(double worst, double u) {
+    return CHECK_C1 * u * worst + CHECK_ATOL_FLOOR;
 }
 
 // Problems up to this many float64 multiply-adds (B*H*S*S*D) are checked in full; larger ones on
@@ -53,13 +53,13 @@ typedef struct {
 } check_result;
 
 // Inputs must be finite: with a NaN or Inf in Q, K, V or dO the reference is NaN too, and a failed
-// check would blame the kernel. Returns 0 if every fp16 value of `tensor` ([B, H, S, D]) is
+// check would blame the kernel. Returns 0 if every value of `tensor` ([B, H, S, D], of the shape's dtype) is
 // finite; otherwise -1 and, in `msg`, "<name> holds a non-finite value (nan) at [b=0, h=1, s=5,
 // d=3]; inputs must be finite" for the first one.
 int check_inputs_finite(const attn_shape *shape, const uint16_t *tensor, const char *name, char *msg,
                         size_t msg_size);
 
-// q, k, v: float copies of the fp16 inputs; out: the stage's fp16 output, all [B, H, S, D].
+// q, k, v: float copies of the inputs; out: the stage's output, of the shape's dtype, all [B, H, S, D].
 check_result check_output(const attn_shape *shape, const float *q, const float *k, const float *v,
                           const uint16_t *out);
 
@@ -84,7 +84,7 @@ typedef struct {
     check_result dq, dk, dv;
 } check_bwd_result;
 
-// q, k, v, d_o: float copies of the fp16 tensors; grads: the stage's fp16 dQ, dK, dV.
+// q, k, v, d_o: float copies of the inputs; grads: the stage's dQ, dK, dV, of the shape's dtype.
 check_bwd_result check_backward(const attn_shape *shape, const float *q, const float *k,
                                 const float *v, const float *d_o, const uint16_t *const grads[3]);
 

@@ -1,4 +1,4 @@
-// half.c - fp16 conversions by bit manipulation, so the harness stays C11 with no extensions.
+// half.c - fp16 and bf16 conversions by bit manipulation, so the harness stays C11 with no extensions.
 #include "half.h"
 
 #include <math.h>
@@ -50,3 +50,18 @@ uint16_t float_to_half(float f) {
         half_bits++;
     return (uint16_t)(sign | half_bits);
 }
+
+float bf16_to_float(uint16_t b) { return bits_float((uint32_t)b << 16); }
+
+uint16_t float_to_bf16(float f) {
+    uint32_t u = float_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // NaN: keep it quiet
+    // Round the 16 dropped bits to nearest even; a carry into the exponent is the right result,
+    // up to infinity for the largest values.
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float elem_to_float(uint16_t x, int dtype) { return dtype ? bf16_to_float(x) : half_to_float(x); }
+
+uint16_t float_to_elem(float f, int dtype) { return dtype ? float_to_bf16(f) : float_to_half(f); }

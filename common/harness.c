@@ -53,6 +53,8 @@ enum { EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_NO_GPU 
 // host[] and the .npy files share this order; dO is an input of the backward pass.
 enum { T_Q, T_K, T_V, T_O, T_DO, T_DQ, T_DK, T_DV, N_TENSORS };
 static const char *TENSOR_NAMES[N_TENSORS] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
+// attn_dtype's names, for --dtype, the CSV and the report line.
+static const char *DTYPE_NAMES[2] = {"fp16", "bf16"};
 
 typedef struct {
     attn_shape shape;
@@ -79,6 +81,8 @@ static void usage(FILE *out) {
             "  --seq S        sequence length, any S >= 1 (default 512)\n"
             "  --dim D        head dimension (default 64)\n"
             "  --causal       causal mask: query i attends to keys 0..i\n"
+            "  --dtype T      element type of the tensors: fp16 (the default) or bf16, for the stages\n"
+            "                 whose kernels take it; the check's unit roundoff follows (2^-11, 2^-8)\n"
             "  --check        run once and compare with the float64 CPU reference (the default)\n"
             "  --bench        check, then time: median of --iters runs, L2 flushed before each\n"
             "  --backward     also run the backward pass (stages that have one) on a random dO and\n"
@@ -145,6 +149,14 @@ static void parse_tensor_value(const char *flag, const char *text, double min, d
     exit(EXIT_USAGE);
 }
 
+static int parse_dtype(const char *text) {
+    for (int t = 0; t < 2; t++)
+        if (text && !strcmp(text, DTYPE_NAMES[t])) return t;
+    fprintf(stderr, "%s: --dtype takes fp16 or bf16, got '%s'\n\n", program_name, text ? text : "(nothing)");
+    usage(stderr);
+    exit(EXIT_USAGE);
+}
+
 static options parse_options(int argc, char **argv) {
     options opt = {.shape = {.batch = 1, .heads = 8, .seq = 512, .dim = 64, .causal = 0},
                    .iters = 30,
@@ -166,6 +178,7 @@ static options parse_options(int argc, char **argv) {
         else if (!strcmp(a, "--mean")) parse_tensor_value(a, next, -INPUT_MEAN_MAX, INPUT_MEAN_MAX, opt.mean), shaped = 1, i++;
         else if (!strcmp(a, "--std")) parse_tensor_value(a, next, 0x1p-24, INPUT_STD_MAX, opt.std), shaped = 1, i++;
         else if (!strcmp(a, "--causal")) opt.shape.causal = 1;
+        else if (!strcmp(a, "--dtype")) opt.shape.dtype = parse_dtype(next), i++;
         else if (!strcmp(a, "--check")) { /* the default: every run is checked */ }
         else if (!strcmp(a, "--bench")) opt.bench = 1;
         else if (!strcmp(a, "--backward")) opt.backward = 1;
@@ -184,12 +197,15 @@ static options parse_options(int argc, char **argv) {
     }
     if (opt.csv_path && !opt.bench) die_usage("%s needs --bench (it records timings)", "--csv");
     if (shaped && opt.load_dir) die_usage("%s reads its inputs; --mean and --std shape generated ones only", "--load");
+    if (opt.shape.dtype != ATTN_FP16 && (opt.load_dir || opt.save_dir))
+        die_usage("%s reads and writes fp16 .npy files (NumPy has no bf16); leave out --dtype bf16",
+                  opt.load_dir ? "--load" : "--save");
     return opt;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Inputs: N(mean, std^2) (by default N(0, 1)) by Box-Muller from a counter-based hash, so element
-// i of a tensor is the same for a given seed whatever the thread count; then rounded to fp16.
+// i of a tensor is the same for a given seed whatever the thread count; then rounded to the dtype.
 
 static uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
@@ -198,7 +214,7 @@ static uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-static void fill_normal_f16(uint16_t *dst, size_t n, uint64_t seed, uint64_t tensor, double mean, double std) {
+static void fill_normal(uint16_t *dst, size_t n, int dtype, uint64_t seed, uint64_t tensor, double mean, double std) {
     const uint64_t key = splitmix64(seed ^ splitmix64(tensor));
     OMP_PARALLEL_FOR
     for (long long i = 0; i < (long long)n; i++) {
@@ -206,13 +222,13 @@ static void fill_normal_f16(uint16_t *dst, size_t n, uint64_t seed, uint64_t ten
         double u1 = ((double)(bits >> 40) + 1.0) / 16777217.0;         // (0, 1]
         double u2 = (double)(bits & 0xffffffull) / 16777216.0;          // [0, 1)
         double normal = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-        dst[i] = float_to_half((float)(mean + std * normal));
+        dst[i] = float_to_elem((float)(mean + std * normal), dtype);
     }
 }
 
-static void widen(const uint16_t *src, float *dst, size_t n) {
+static void widen(const uint16_t *src, float *dst, size_t n, int dtype) {
     OMP_PARALLEL_FOR
-    for (long long i = 0; i < (long long)n; i++) dst[i] = half_to_float(src[i]);
+    for (long long i = 0; i < (long long)n; i++) dst[i] = elem_to_float(src[i], dtype);
 }
 
 static void *xmalloc(size_t bytes) {
@@ -354,7 +370,7 @@ static timing time_pass(attn_pass pass, const options *opt, const attn_tensors *
 // One row per measurement; the header is written when the file is new or empty. The peer script
 // (plots/peers.py) writes the same columns.
 #define CSV_HEADER \
-    "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us\n"
+    "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us,dtype\n"
 
 static void append_csv(const char *path, const char *gpu, const attn_shape *s, const char *direction,
                        const timing *tm, double tflops, double gbps, double max_abs_err) {
@@ -366,9 +382,9 @@ static void append_csv(const char *path, const char *gpu, const attn_shape *s, c
     fseek(f, 0, SEEK_END);
     if (ftell(f) == 0) fputs(CSV_HEADER, f);
     const char *commit = getenv("FLASH_STAGES_COMMIT");
-    fprintf(f, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.1f,%.3e,%d,%s,%.3f,%.3f\n", gpu, program_name, s->batch,
+    fprintf(f, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.1f,%.3e,%d,%s,%.3f,%.3f,%s\n", gpu, program_name, s->batch,
             s->heads, s->seq, s->dim, s->causal, direction, tm->median_us, tflops, gbps, max_abs_err, tm->runs,
-            commit && *commit ? commit : FLASH_STAGES_GIT_COMMIT, tm->min_us, tm->max_us);
+            commit && *commit ? commit : FLASH_STAGES_GIT_COMMIT, tm->min_us, tm->max_us, DTYPE_NAMES[s->dtype]);
     fclose(f);
 }
 
@@ -386,7 +402,7 @@ int main(int argc, char **argv) {
     set_program_name();
     options opt = parse_options(argc, argv);
     attn_shape *shape = &opt.shape;
-    uint16_t *host[N_TENSORS] = {NULL};  // fp16 bits, in TENSOR_NAMES order
+    uint16_t *host[N_TENSORS] = {NULL};  // fp16 or bf16 bits, in TENSOR_NAMES order
     if (opt.backward && !STAGE.backward) {
         fprintf(stderr, "%s: --backward: this stage has a forward pass only (a stage with a backward.cu has both)\n",
                 program_name);
@@ -421,8 +437,8 @@ int main(int argc, char **argv) {
     snprintf(gpu, sizeof gpu, "%s", prop.name);
     for (char *c = gpu; *c; c++)
         if (*c == ',') *c = ' ';  // keep the CSV parseable
-    printf("%s on %s: B=%d H=%d S=%d D=%d %s%s\n", program_name, gpu, shape->batch, shape->heads,
-           shape->seq, shape->dim, shape->causal ? "causal" : "non-causal",
+    printf("%s on %s: B=%d H=%d S=%d D=%d %s %s%s\n", program_name, gpu, shape->batch, shape->heads,
+           shape->seq, shape->dim, DTYPE_NAMES[shape->dtype], shape->causal ? "causal" : "non-causal",
            opt.backward ? ", forward and backward" : "");
 
     // Device tensors: q, k, v, o, and for the backward do, dq, dk, dv.
@@ -444,7 +460,7 @@ int main(int argc, char **argv) {
     for (int t = 0; t < n_tensors; t++) {
         if (host[t]) continue;  // loaded
         host[t] = xmalloc(bytes);
-        if (t <= T_V || t == T_DO) fill_normal_f16(host[t], n, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t]);
+        if (t <= T_V || t == T_DO) fill_normal(host[t], n, shape->dtype, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t]);
     }
 
     void *dev_ptr[N_TENSORS] = {NULL};
@@ -463,7 +479,7 @@ int main(int argc, char **argv) {
 
     // Check: poison O, run once, compare every element it should have written. The forward's
     // scratch is poisoned too: a forward must not count on finding it zero.
-    CUDA_CHECK(cudaMemsetAsync(dev.o, 0xff, bytes, stream));  // every fp16 becomes HALF_POISON
+    CUDA_CHECK(cudaMemsetAsync(dev.o, 0xff, bytes, stream));  // every element becomes HALF_POISON
     if (forward_scratch) CUDA_CHECK(cudaMemsetAsync(dev.forward_scratch, 0xff, forward_scratch, stream));
     run_pass(STAGE.forward, shape, &dev, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -473,7 +489,7 @@ int main(int argc, char **argv) {
     for (int t = 0; t < n_tensors; t++) {
         if (t > T_V && t != T_DO) continue;
         f32[t] = xmalloc(n * sizeof(float));
-        widen(host[t], f32[t], n);
+        widen(host[t], f32[t], n, shape->dtype);
     }
     check_result result = check_output(shape, f32[T_Q], f32[T_K], f32[T_V], host[T_O]);
     check_print(shape, &result);

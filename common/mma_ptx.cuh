@@ -15,6 +15,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "elem.cuh"
+
 __device__ inline uint32_t smem_address(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -27,7 +29,8 @@ __device__ inline void ldmatrix_x4_at(uint32_t r[4], uint32_t address) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
 }
-__device__ inline void ldmatrix_x4(uint32_t r[4], const __half *row_address) {
+template <typename Elem>
+__device__ inline void ldmatrix_x4(uint32_t r[4], const Elem *row_address) {
     ldmatrix_x4_at(r, smem_address(row_address));
 }
 
@@ -38,31 +41,31 @@ __device__ inline void ldmatrix_x4_trans_at(uint32_t r[4], uint32_t address) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
 }
-__device__ inline void ldmatrix_x4_trans(uint32_t r[4], const __half *row_address) {
+template <typename Elem>
+__device__ inline void ldmatrix_x4_trans(uint32_t r[4], const Elem *row_address) {
     ldmatrix_x4_trans_at(r, smem_address(row_address));
 }
 
-// 4 bytes (a half2, or two halves packed in a register) to shared memory at a shared-window address.
+// 4 bytes (two elements packed in a register) to shared memory at a shared-window address.
 __device__ inline void st_shared_b32(uint32_t address, uint32_t value) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
 }
-__device__ inline void st_shared_b32(uint32_t address, __half2 value) {
-    st_shared_b32(address, *reinterpret_cast<uint32_t *>(&value));
-}
 
-// D = A B + D for one 16x8x16 tile: fp16 inputs, fp32 accumulation, in place.
+// D = A B + D for one 16x8x16 tile: fp16 or bf16 inputs, fp32 accumulation, in place.
+template <typename Elem = __half>
 __device__ inline void mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats to one .b32 of two fp16 (lo in the low half), the A-operand packing.
-__device__ inline uint32_t pack_half2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
+    if constexpr (is_bf16<Elem>)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // 16 bytes global -> shared without passing through registers. With `valid` false the 16 bytes
@@ -108,15 +111,15 @@ __device__ inline int swizzle(int row, int col) {
 // same 16-byte column chunk of rows THREADS / (D / 8) apart, a multiple of 8: the swizzle and
 // both addresses are computed once, and each further copy is a constant offset away, where the
 // general loop spends some 28 instructions of index arithmetic per copy.
-template <int ROWS, int D, int THREADS = 0>
-__device__ inline void cp_async_tile(__half *tile, const __half *head, int row0, int S) {
+template <int ROWS, int D, int THREADS = 0, typename Elem>
+__device__ inline void cp_async_tile(Elem *tile, const Elem *head, int row0, int S) {
     constexpr int CHUNKS = D / 8;
     if constexpr (THREADS > 0) {
         constexpr int STEP = THREADS / CHUNKS;  // rows between one thread's copies
         static_assert(THREADS % (8 * CHUNKS) == 0 && (ROWS * CHUNKS) % THREADS == 0, "whole rows, 8 apart");
         const int r = threadIdx.x / CHUNKS, c = (threadIdx.x % CHUNKS) * 8;
-        __half *dst = tile + swizzle<D>(r, c);
-        const __half *src = head + (size_t)(row0 + r) * D + c;
+        Elem *dst = tile + swizzle<D>(r, c);
+        const Elem *src = head + (size_t)(row0 + r) * D + c;
 #pragma unroll
         for (int i = 0; i < ROWS / STEP; i++) {
             const bool valid = row0 + r + i * STEP < S;
@@ -168,40 +171,40 @@ __device__ inline uint32_t swizzled_step(uint32_t address, int rows, int cols) {
 // The lane addresses of the four fragment loads, in a swizzled row-major [rows][W] tile.
 // A operand: the 16 x 16 block at (row0, col0). Lanes 0-7 address rows 0-7 at col0, 8-15 rows
 // 8-15 at col0, 16-23 rows 0-7 at col0 + 8, 24-31 rows 8-15 at col0 + 8: a0..a3 in mma's order.
-template <int W>
-__device__ inline uint32_t a_frag_address(const __half *tile, int row0, int col0, int lane) {
+template <int W, typename Elem>
+__device__ inline uint32_t a_frag_address(const Elem *tile, int row0, int col0, int lane) {
     return smem_address(tile + swizzle<W>(row0 + lane % 8 + 8 * (lane / 8 % 2), col0 + 8 * (lane / 16)));
 }
 // A operand Aᵀ (16 x 16 at (m0, k0)) from a tile that stores A transposed, [k][m] (ldmatrix.trans
 // hands lane l column l / 4 of each 8 x 8 matrix): matrix j is rows k0 + 8 (j / 2), columns
 // m0 + 8 (j % 2).
-template <int W>
-__device__ inline uint32_t a_frag_trans_address(const __half *tile, int m0, int k0, int lane) {
+template <int W, typename Elem>
+__device__ inline uint32_t a_frag_trans_address(const Elem *tile, int m0, int k0, int lane) {
     return smem_address(tile + swizzle<W>(k0 + lane % 8 + 8 * (lane / 16), m0 + 8 * (lane / 8 % 2)));
 }
 // B operands of two neighbouring n8 blocks (n0..n0+7 in b[0], b[1]; n0+8..n0+15 in b[2], b[3]),
 // k = k0..k0+15, when B's columns are the tile's rows: B = Tᵀ, as K is for S = Q Kᵀ.
-template <int W>
-__device__ inline uint32_t b_frags_of_rows_address(const __half *tile, int n0, int k0, int lane) {
+template <int W, typename Elem>
+__device__ inline uint32_t b_frags_of_rows_address(const Elem *tile, int n0, int k0, int lane) {
     return smem_address(tile + swizzle<W>(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * (lane / 8 % 2)));
 }
 // The same when B's rows are the tile's rows (B = T, as V is for O = P V): .trans reads them.
-template <int W>
-__device__ inline uint32_t b_frags_trans_address(const __half *tile, int k0, int n0, int lane) {
+template <int W, typename Elem>
+__device__ inline uint32_t b_frags_trans_address(const Elem *tile, int k0, int n0, int lane) {
     return smem_address(tile + swizzle<W>(k0 + lane % 8 + 8 * (lane / 8 % 2), n0 + 8 * (lane / 16)));
 }
 
 // Fragment loads from swizzled row-major [rows][D] tiles, for one warp (lane = its lane id).
-template <int D>
-__device__ inline void load_a_frag(uint32_t a[4], const __half *tile, int row0, int col0, int lane) {
+template <int D, typename Elem>
+__device__ inline void load_a_frag(uint32_t a[4], const Elem *tile, int row0, int col0, int lane) {
     ldmatrix_x4_at(a, a_frag_address<D>(tile, row0, col0, lane));
 }
-template <int D>
-__device__ inline void load_b_frags_of_rows(uint32_t b[4], const __half *tile, int n0, int k0, int lane) {
+template <int D, typename Elem>
+__device__ inline void load_b_frags_of_rows(uint32_t b[4], const Elem *tile, int n0, int k0, int lane) {
     ldmatrix_x4_at(b, b_frags_of_rows_address<D>(tile, n0, k0, lane));
 }
-template <int D>
-__device__ inline void load_b_frags_trans(uint32_t b[4], const __half *tile, int k0, int n0, int lane) {
+template <int D, typename Elem>
+__device__ inline void load_b_frags_trans(uint32_t b[4], const Elem *tile, int k0, int n0, int lane) {
     ldmatrix_x4_trans_at(b, b_frags_trans_address<D>(tile, k0, n0, lane));
 }
 

@@ -1,14 +1,15 @@
 // reference.c - softmax(scale * q k^T) v for one query row, in float64, straight from the
-// definition; and, on request, the error a correct fp16 kernel can make on each element.
+// definition; and, on request, the error a correct fp16 or bf16 kernel can make on each element.
 //
-// The rounding points of a kernel that computes O_d = sum_j P_j V_jd from fp16 inputs, each with
-// the largest error it can add to O_d (u = 2^-11, m = 2^-14, the smallest normal fp16):
+// The rounding points of a kernel that computes O_d = sum_j P_j V_jd from fp16 (or bf16) inputs,
+// each with the largest error it can add to O_d (u and m the element type's unit roundoff and
+// smallest normal, reference.h):
 //   scores in fp32:        s_j is off by sigma_j = D 2^-23 scale sum_d |q_d k_jd|; P_j moves by a
 //                          factor (1 +- sigma_j), and with the normalization O_d by
 //                          sum_j P_j sigma_j |V_jd - O_d|
-//   exp(s - max) to fp16:  a value in (0, 1], before the division by the row sum: P_j moves by
+//   exp(s - max) to the type:  a value in (0, 1], before the division by the row sum: P_j moves by
 //                          u (P_j + m P_max), so O_d by sum_j u (P_j + m P_max) |V_jd|
-//   O to fp16:             u (|O_d| + m)
+//   O to the type:         u (|O_d| + m)
 // fp32 sums (the row sum, P V), exp and the division are covered by the checker's factor
 // CHECK_C1 (check.h); docs/measuring.md says why they can be.
 #include "reference.h"
@@ -44,6 +45,7 @@ void reference_row_error(const attn_shape *shape, const float *q, const float *k
     const size_t head = ((size_t)b * shape->heads + h) * (size_t)S * D;  // start of [b, h, :, :]
     const int n_keys = shape->causal ? row + 1 : S;  // causal: keys 0..row
     const int want_error = err.worst != NULL;
+    const ref_rounding r = ref_rounding_of(shape->dtype);
     double *p = scratch, *sigma = want_error ? scratch + S : NULL;
 
     // Subtracting the row max before exp() keeps exp() in (0, 1]: no overflow for any score.
@@ -67,7 +69,7 @@ void reference_row_error(const attn_shape *shape, const float *q, const float *k
     for (int d = 0; d < D; d++) err.worst[d] = err.rss[d] = 0.0;
     for (int j = 0; j < n_keys; j++) {
         const float *v_row = v + head + (size_t)j * D;
-        const double rounding = REF_U * (p[j] + REF_HALF_MIN_NORMAL * p_max), moved = p[j] * sigma[j];
+        const double rounding = r.u * (p[j] + r.min_normal * p_max), moved = p[j] * sigma[j];
         for (int d = 0; d < D; d++) {
             const double term = rounding * fabs((double)v_row[d]) + moved * fabs(v_row[d] - out_row[d]);
             err.worst[d] += term;
@@ -75,9 +77,9 @@ void reference_row_error(const attn_shape *shape, const float *q, const float *k
         }
     }
     for (int d = 0; d < D; d++) {
-        const double rounding = REF_U * (fabs(out_row[d]) + REF_HALF_MIN_NORMAL);
-        err.worst[d] = (err.worst[d] + rounding) / REF_U;
-        err.rss[d] = sqrt(err.rss[d] + rounding * rounding) / REF_U;
+        const double rounding = r.u * (fabs(out_row[d]) + r.min_normal);
+        err.worst[d] = (err.worst[d] + rounding) / r.u;
+        err.rss[d] = sqrt(err.rss[d] + rounding * rounding) / r.u;
     }
 }
 

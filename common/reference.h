@@ -1,21 +1,29 @@
 // reference.h - attention in float64 on the CPU: the answer every stage is checked against, and
-// the error a correct fp16 kernel can make on each element of it.
+// the error a correct fp16 or bf16 kernel can make on each element of it.
 #ifndef FLASH_STAGES_REFERENCE_H
 #define FLASH_STAGES_REFERENCE_H
 
 #include "attn.h"
 
-// fp16's unit roundoff: rounding to nearest moves a normal value by at most u times its size.
-#define REF_U 0x1p-11
-// Below fp16's smallest normal the spacing is fixed (2^-24), so rounding moves any value x by at
-// most u * (|x| + REF_HALF_MIN_NORMAL).
-#define REF_HALF_MIN_NORMAL 0x1p-14
+// The element type's rounding. Rounding to nearest moves a normal value by at most u times its
+// size; below the smallest normal m the spacing is fixed, so it moves any value x by at most
+// u (|x| + m). fp16: u = 2^-11, m = 2^-14. bf16 keeps float's 8 exponent bits and 7 of its
+// mantissa bits: u = 2^-8, m = 2^-126.
+typedef struct {
+    double u, min_normal;
+} ref_rounding;
+
+static inline ref_rounding ref_rounding_of(int dtype) {
+    const ref_rounding fp16 = {0x1p-11, 0x1p-14}, bf16 = {0x1p-8, 0x1p-126};
+    return dtype == ATTN_BF16 ? bf16 : fp16;
+}
 // An fp32 sum of n terms is off by at most n * REF_F32_STEP times the sum of their magnitudes:
 // 2^-23, not 2^-24, so that tensor cores' truncating accumulation is covered too.
 #define REF_F32_STEP 0x1p-23
 
-// Error magnitudes of a row's elements, in units of u (D doubles each; both or neither NULL):
-//   worst: the first-order bound on a correct fp16 kernel's error, each rounding at its largest
+// Error magnitudes of a row's elements, in units of the shape's u (D doubles each; both or neither
+// NULL):
+//   worst: the first-order bound on a correct kernel's error, each rounding at its largest
 //          and all of one sign;
 //   rss:   the root-sum-square of the same terms, the size that independent roundings reach.
 // docs/measuring.md lists the rounding points and derives the terms.
@@ -23,8 +31,8 @@ typedef struct {
     double *worst, *rss;
 } reference_error;
 
-// One output row O[b, h, row, :] in float64. q, k, v are [B, H, S, D] float copies of the fp16
-// inputs (exact: every fp16 value is a float). `scores` is caller scratch of S doubles.
+// One output row O[b, h, row, :] in float64. q, k, v are [B, H, S, D] float copies of the fp16 or
+// bf16 inputs (exact: every value of either is a float). `scores` is caller scratch of S doubles.
 void reference_row(const attn_shape *shape, const float *q, const float *k, const float *v,
                    int b, int h, int row, double *scores, double *out_row);
 

@@ -1,8 +1,9 @@
 // reference_bwd.c - dQ, dK, dV of softmax(scale q k^T) v in float64 (see reference_bwd.h), and the
-// error a correct fp16 kernel can make on them.
+// error a correct fp16 or bf16 kernel can make on them.
 //
-// The rounding points of a FlashAttention-2 style backward (u = 2^-11, m = 2^-14, the smallest
-// normal fp16; sigma_ij = D 2^-23 scale sum_d |q_id k_jd| bounds the fp32 score's error), each with
+// The rounding points of a FlashAttention-2 style backward (u and m the element type's unit
+// roundoff and smallest normal, reference.h: 2^-11 and 2^-14 for fp16, written "fp16" below for
+// either type; sigma_ij = D 2^-23 scale sum_d |q_id k_jd| bounds the fp32 score's error), each with
 // the largest error it adds:
 //   δ_i from the kernel's fp16 O:  O is off by its own rounding, u (|O_id| + m), and by the forward's
 //                                  rounding of exp(s - max), which moves O_i by sum_j e_ij P_ij V_j
@@ -56,6 +57,7 @@ static void *checked_malloc(size_t bytes) {
 void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k, const float *v,
                          const float *d_o, int b, int h, double *lse, double *delta,
                          reference_error delta_err) {
+    const ref_rounding r = ref_rounding_of(shape->dtype);
     const int S = shape->seq, D = shape->dim;
     const size_t head = head_start(shape, b, h);
     const double scale = 1.0 / sqrt((double)D);
@@ -94,14 +96,14 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
         double worst = 0.0, squares = 0.0, o_magnitude = 0.0;
         for (int j = 0; j < n_keys; j++) {  // the forward's P rounding and fp32 scores
             const double p = e[j] / row_sum;
-            const double term = REF_U * (p + REF_HALF_MIN_NORMAL * p_max) * fabs(dp[j]) +
+            const double term = r.u * (p + r.min_normal * p_max) * fabs(dp[j]) +
                                 p * sigma[j] * fabs(dp[j] - delta[i]);
             worst += term;
             squares += term * term;
         }
         for (int d = 0; d < D; d++) {  // O rounded to fp16
             const double o_d = o[d] / row_sum;
-            const double term = REF_U * (fabs(o_d) + REF_HALF_MIN_NORMAL) * fabs((double)do_row[d]);
+            const double term = r.u * (fabs(o_d) + r.min_normal) * fabs((double)do_row[d]);
             worst += term;
             squares += term * term;
             o_magnitude += fabs(o_d * do_row[d]);
@@ -109,8 +111,8 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
         const double fp32 = D * REF_F32_STEP * o_magnitude + 0.5 * REF_F32_STEP * fabs(delta[i]);
         worst += fp32;
         squares += fp32 * fp32;
-        delta_err.worst[i] = worst / REF_U;
-        delta_err.rss[i] = sqrt(squares) / REF_U;
+        delta_err.worst[i] = worst / r.u;
+        delta_err.rss[i] = sqrt(squares) / r.u;
     }
     free(e);
     }
@@ -118,24 +120,25 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
 
 // The error of one dS_ij that reaches dQ or dK through its product: fp32 scores in P, fp32 dP
 // and the subtraction, dS rounded to fp16. Absolute; δ_i's own error is added by the callers.
-static double ds_error(double p, double dp, double ds, double delta_i, double sigma,
+static double ds_error(ref_rounding r, double p, double dp, double ds, double delta_i, double sigma,
                        double dp_magnitude, double scale, int D) {
-    return REF_U * (scale * fabs(ds) + REF_HALF_MIN_NORMAL) + sigma * scale * fabs(ds) +
+    return r.u * (scale * fabs(ds) + r.min_normal) + sigma * scale * fabs(ds) +
            scale * p * (D * REF_F32_STEP * dp_magnitude + 0.5 * REF_F32_STEP * (fabs(dp) + fabs(delta_i)));
 }
 
 // Adds the output's own rounding to accumulated error terms and turns both into units of u.
-static void finish_error(const double *value, reference_error err, int D) {
+static void finish_error(ref_rounding r, const double *value, reference_error err, int D) {
     for (int d = 0; d < D; d++) {
-        const double rounding = REF_U * (fabs(value[d]) + REF_HALF_MIN_NORMAL);
-        err.worst[d] = (err.worst[d] + rounding) / REF_U;
-        err.rss[d] = sqrt(err.rss[d] + rounding * rounding) / REF_U;
+        const double rounding = r.u * (fabs(value[d]) + r.min_normal);
+        err.worst[d] = (err.worst[d] + rounding) / r.u;
+        err.rss[d] = sqrt(err.rss[d] + rounding * rounding) / r.u;
     }
 }
 
 void reference_dq_row(const attn_shape *shape, const float *q, const float *k, const float *v,
                       const float *d_o, int b, int h, const double *lse, const double *delta,
                       reference_error delta_err, int i, double *dq_row, reference_error dq_err) {
+    const ref_rounding r = ref_rounding_of(shape->dtype);
     const int S = shape->seq, D = shape->dim;
     const size_t head = head_start(shape, b, h);
     const double scale = 1.0 / sqrt((double)D);
@@ -155,7 +158,7 @@ void reference_dq_row(const attn_shape *shape, const float *q, const float *k, c
         for (int d = 0; d < D; d++) dq_row[d] += scale * ds * (double)k_row[d];
         if (!pk) continue;
         const double sigma = D * REF_F32_STEP * scale * qk_magnitude;
-        const double c = ds_error(p, dp, ds, delta[i], sigma, dp_magnitude, scale, D);
+        const double c = ds_error(r, p, dp, ds, delta[i], sigma, dp_magnitude, scale, D);
         for (int d = 0; d < D; d++) {
             const double term = c * fabs((double)k_row[d]);
             dq_err.worst[d] += term;
@@ -165,11 +168,11 @@ void reference_dq_row(const attn_shape *shape, const float *q, const float *k, c
     }
     if (!pk) return;
     for (int d = 0; d < D; d++) {  // δ_i's error, the same in every dS_ij of the row
-        const double reach = REF_U * scale * fabs(pk[d]);
+        const double reach = r.u * scale * fabs(pk[d]);
         dq_err.worst[d] += reach * delta_err.worst[i];
         dq_err.rss[d] += (reach * delta_err.rss[i]) * (reach * delta_err.rss[i]);
     }
-    finish_error(dq_row, dq_err, D);
+    finish_error(r, dq_row, dq_err, D);
     free(pk);
 }
 
@@ -177,6 +180,7 @@ void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k,
                         const float *d_o, int b, int h, const double *lse, const double *delta,
                         reference_error delta_err, int j, double *dk_row, double *dv_row,
                         reference_error dk_err, reference_error dv_err) {
+    const ref_rounding r = ref_rounding_of(shape->dtype);
     const int S = shape->seq, D = shape->dim;
     const size_t head = head_start(shape, b, h);
     const double scale = 1.0 / sqrt((double)D);
@@ -198,11 +202,11 @@ void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k,
         }
         if (!want_error) continue;
         const double sigma = D * REF_F32_STEP * scale * qk_magnitude;
-        const double cv = REF_U * (p + REF_HALF_MIN_NORMAL) + sigma * p;
-        const double ck = ds_error(p, dp, ds, delta[i], sigma, dp_magnitude, scale, D);
+        const double cv = r.u * (p + r.min_normal) + sigma * p;
+        const double ck = ds_error(r, p, dp, ds, delta[i], sigma, dp_magnitude, scale, D);
         // δ_i's error enters dS_ij once per query; queries' errors are independent of each other.
-        const double ck_worst = ck + REF_U * scale * p * delta_err.worst[i];
-        const double ck_rss = ck + REF_U * scale * p * delta_err.rss[i];
+        const double ck_worst = ck + r.u * scale * p * delta_err.worst[i];
+        const double ck_rss = ck + r.u * scale * p * delta_err.rss[i];
         for (int d = 0; d < D; d++) {
             const double tv = cv * fabs((double)do_row[d]), q_d = fabs((double)q_row[d]);
             dv_err.worst[d] += tv;
@@ -212,6 +216,6 @@ void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k,
         }
     }
     if (!want_error) return;
-    finish_error(dk_row, dk_err, D);
-    finish_error(dv_row, dv_err, D);
+    finish_error(r, dk_row, dk_err, D);
+    finish_error(r, dv_row, dv_err, D);
 }

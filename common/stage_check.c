@@ -27,6 +27,12 @@ int shape_refusal(const attn_stage *stage, const char *program, const attn_shape
                  program, (double)shape->batch * shape->heads * shape->seq * shape->dim, INT_MAX);
         return REFUSED_SHAPE;
     }
+    if (shape->dtype != ATTN_FP16 && !(shape->dtype == ATTN_BF16 && stage->runs_bf16)) {
+        snprintf(message, message_size, "%s: %s tensors are not supported: this stage's kernels take fp16 only%s",
+                 program, shape->dtype == ATTN_BF16 ? "bf16" : "this dtype's",
+                 shape->dtype == ATTN_BF16 ? " (stages 08, 09 and 10 take bf16 too)" : "");
+        return REFUSED_SHAPE;
+    }
     const char *why_not = stage->unsupported(shape);
     if (why_not) {
         snprintf(message, message_size, "%s: unsupported shape B=%d H=%d S=%d D=%d: %s", program, shape->batch,

@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "attn.h"
 #include "mma_ptx.cuh"
 
 // True in the device pass that targets sm_90a; the other passes (sm_80 and friends) compile the
@@ -199,168 +200,184 @@ __device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group
 template <int N>
 __device__ inline void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// A 64 x D wgmma accumulator, row r of this thread's two scaled by factor[r], as fp16 into a
+// A 64 x D wgmma accumulator, row r of this thread's two scaled by factor[r], as Elem into a
 // staging tile [D/64][TILE_ROWS][64] in the 128-byte swizzle that a TMA store reads:
 // acc[4j + 2r], acc[4j + 2r + 1] are row g + 8r of the warp's 16 (from `row0` in the tile),
 // columns 8j + 2t, +1, that is chunk j % 8 of 64-column slab j / 8. The chunk goes to
 // c ^ (row % 8) = c ^ g; one instruction's 32 lanes hit 32 different banks.
-template <int D, int TILE_ROWS>
-__device__ __forceinline__ void store_acc_tile(__half *tile, int row0, const float (&acc)[D / 2],
+template <int D, int TILE_ROWS, typename Elem>
+__device__ __forceinline__ void store_acc_tile(Elem *tile, int row0, const float (&acc)[D / 2],
                                                const float (&factor)[2], int g, int t) {
     const uint32_t row_address = smem_address(tile + (row0 + g) * 64) + 4 * t;
 #pragma unroll
     for (int j = 0; j < D / 8; j++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const uint32_t address = row_address + (j / 8) * TILE_ROWS * 64 * sizeof(__half) +
-                                     8 * r * 64 * sizeof(__half) + (((j % 8) ^ g) << 4);
-            st_shared_b32(address, __floats2half2_rn(acc[4 * j + 2 * r] * factor[r], acc[4 * j + 2 * r + 1] * factor[r]));
+            const uint32_t address = row_address + (j / 8) * TILE_ROWS * 64 * ELEM_BYTES +
+                                     8 * r * 64 * ELEM_BYTES + (((j % 8) ^ g) << 4);
+            st_shared_b32(address, pack2<Elem>(acc[4 * j + 2 * r] * factor[r], acc[4 * j + 2 * r + 1] * factor[r]));
         }
 }
 
-// The wgmma shapes stage 09 needs, written out (one operand per accumulator register). scale_d = 0
+// The wgmma shapes stages 09 and 10 need, for fp16 or bf16 operands (Elem), written out (one
+// operand per accumulator register; a macro per shape, so that the two types share one text). scale_d = 0
 // overwrites D (the first k step), 1 accumulates. The transposes are the instruction's immediates:
 //   TRANS_A (shared-memory A only) = 0: A K-major (its rows are M, as Q's are for S = Q Kᵀ);
 //     1: M-major (A's columns are the tile's rows, as dS's are in a stored dSᵀ).
 //   TRANS_B = 0: B K-major (B's columns are the tile's rows, as K is for S = Q Kᵀ);
 //     1: N-major (B's rows are the tile's rows, as V's are for O = P V).
 // D[64 x N] (+)= A B, A and B both from shared memory (descriptors).
-template <int TRANS_A, int TRANS_B>
+#define WGMMA_M64N32K16_SS(TYPE)                                                                               \
+    asm volatile(                                                                                              \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"                                                         \
+        " wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                                       \
+        "{"                                                                                                    \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                 \
+        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"                                                                 \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
+template <typename Elem, int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n32k16_ss(float d[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+    if constexpr (is_bf16<Elem>) WGMMA_M64N32K16_SS("bf16");
+    else WGMMA_M64N32K16_SS("f16");
 }
 
-template <int TRANS_A, int TRANS_B>
+#define WGMMA_M64N64K16_SS(TYPE)                                                                                  \
+    asm volatile(                                                                                                 \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"                                                            \
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                          \
+        "{"                                                                                                       \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                          \
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                                                                    \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
+template <typename Elem, int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n64k16_ss(float d[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+    if constexpr (is_bf16<Elem>) WGMMA_M64N64K16_SS("bf16");
+    else WGMMA_M64N64K16_SS("f16");
 }
 
-template <int TRANS_A, int TRANS_B>
+#define WGMMA_M64N128K16_SS(TYPE)                                                                                 \
+    asm volatile(                                                                                                 \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"                                                            \
+        " wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                         \
+        "{"                                                                                                       \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                         \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                         \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                          \
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                                                                    \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
+template <typename Elem, int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n128k16_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+    if constexpr (is_bf16<Elem>) WGMMA_M64N128K16_SS("bf16");
+    else WGMMA_M64N128K16_SS("f16");
 }
 
-// D[64 x N] (+)= A B, A (fp16) from registers in mma.sync's A layout (each warp its 16 rows), B
+// D[64 x N] (+)= A B, A (fp16 or bf16) from registers in mma.sync's A layout (each warp its 16 rows), B
 // from shared memory.
-template <int TRANS_B>
+#define WGMMA_M64N64K16_RS(TYPE)                                                                                  \
+    asm volatile(                                                                                                 \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                                            \
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                          \
+        "{"                                                                                                       \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                          \
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                                        \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
+template <typename Elem, int TRANS_B>
 __device__ inline void wgmma_m64n64k16_rs(float d[32], const uint32_t a[4], uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
+    if constexpr (is_bf16<Elem>) WGMMA_M64N64K16_RS("bf16");
+    else WGMMA_M64N64K16_RS("f16");
 }
 
-template <int TRANS_B>
+#define WGMMA_M64N128K16_RS(TYPE)                                                                                 \
+    asm volatile(                                                                                                 \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                                            \
+        " wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                         \
+        "{"                                                                                                       \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                         \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                         \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                          \
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                                        \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
+template <typename Elem, int TRANS_B>
 __device__ inline void wgmma_m64n128k16_rs(float d[64], const uint32_t a[4], uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
+    if constexpr (is_bf16<Elem>) WGMMA_M64N128K16_RS("bf16");
+    else WGMMA_M64N128K16_RS("f16");
 }
 
 // The same, N picked at compile time.
-template <int N, int TRANS_A = 0, int TRANS_B = 0>
+template <typename Elem, int N, int TRANS_A = 0, int TRANS_B = 0>
 __device__ inline void wgmma_m64k16_ss(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
     if constexpr (N == 32)
-        wgmma_m64n32k16_ss<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+        wgmma_m64n32k16_ss<Elem, TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
     else if constexpr (N == 64)
-        wgmma_m64n64k16_ss<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+        wgmma_m64n64k16_ss<Elem, TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
     else
-        wgmma_m64n128k16_ss<TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+        wgmma_m64n128k16_ss<Elem, TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
 }
-template <int N, int TRANS_B>
+template <typename Elem, int N, int TRANS_B>
 __device__ inline void wgmma_m64k16_rs(float *d, const uint32_t a[4], uint64_t desc_b, int scale_d) {
     if constexpr (N == 64)
-        wgmma_m64n64k16_rs<TRANS_B>(d, a, desc_b, scale_d);
+        wgmma_m64n64k16_rs<Elem, TRANS_B>(d, a, desc_b, scale_d);
     else
-        wgmma_m64n128k16_rs<TRANS_B>(d, a, desc_b, scale_d);
+        wgmma_m64n128k16_rs<Elem, TRANS_B>(d, a, desc_b, scale_d);
 }
 
 // Descriptors of the k-th 16-wide step of an operand kept in a [D/64][ROWS][64] swizzled tile.
 // K-major (the tile's columns are K; rows row0.. are M or N, row0 a multiple of 8):
-template <int ROWS>
-__device__ inline uint64_t desc_k_major(const __half *tile, int row0, int kk) {
+template <int ROWS, typename Elem>
+__device__ inline uint64_t desc_k_major(const Elem *tile, int row0, int kk) {
     return smem_desc_sw128(tile + (kk / 4) * ROWS * 64 + row0 * 64 + (kk % 4) * 16, 16, 1024);
 }
 // N-major (the tile's rows are K, its columns N): 16 rows further per step, slabs a tile apart.
-template <int ROWS>
-__device__ inline uint64_t desc_n_major(const __half *tile, int kk) {
-    return smem_desc_sw128(tile + kk * 16 * 64, ROWS * 64 * sizeof(__half), 1024);
+template <int ROWS, typename Elem>
+__device__ inline uint64_t desc_n_major(const Elem *tile, int kk) {
+    return smem_desc_sw128(tile + kk * 16 * 64, ROWS * 64 * ELEM_BYTES, 1024);
 }
 
-// A 64 x N fp32 accumulator as the fp16 A operands of N/16 k steps (the wgmma A layout from
+// A 64 x N fp32 accumulator as the fp16 or bf16 A operands of N/16 k steps (the wgmma A layout from
 // registers is mma.sync's, so accumulator blocks 2k and 2k + 1 make k step k).
-template <int N>
+template <typename Elem, int N>
 __device__ inline void pack_a_frags(uint32_t frag[N / 16][4], const float *acc) {
 #pragma unroll
     for (int kk = 0; kk < N / 16; kk++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) frag[kk][i] = pack_half2(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+        for (int i = 0; i < 4; i++) frag[kk][i] = pack2<Elem>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
 }
 
-// Host: a TMA tensor map for one [B*H, S, D] fp16 tensor, read or written in boxes of `box_rows`
-// rows x 64 columns (one 128-byte swizzled slab). The driver function is found through the
-// runtime, so the programs need no -lcuda.
-static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *tensor, int heads_total, int S,
-                                               int D, int box_rows) {
+// Host: a TMA tensor map for one [B*H, S, D] tensor of `dtype` (attn_dtype: fp16 or bf16), read or
+// written in boxes of `box_rows` rows x 64 columns (one 128-byte swizzled slab). The driver
+// function is found through the runtime, so the programs need no -lcuda.
+static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *tensor, int dtype, int heads_total,
+                                               int S, int D, int box_rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
     if (!encode) {
         cudaDriverEntryPointQueryResult found;
@@ -373,7 +390,8 @@ static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *ten
     const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)S * D * 2};  // bytes, dims 1 and 2
     const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1};
     const cuuint32_t element_strides[3] = {1, 1, 1};
-    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)tensor, dims, strides, box,
+    const CUtensorMapDataType type = dtype == ATTN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUresult r = encode(map, type, 3, (void *)tensor, dims, strides, box,
                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;

@@ -2,12 +2,12 @@
 # bench.sh [--parts LIST] [--merge] STAGE... - run every stage over plots/shapes.txt on the GPU
 # (the forward, then the backward of the stages that have one), then the peers (plots/peers.py:
 # PyTorch's SDPA backends, forward and backward, and FlashAttention-3 where it can be imported),
-# the stages' ablation builds and ladder steps (plots/ablations.py) and the GPU's ceilings; write
-# plots/data/<gpu>.csv, <gpu>_ablations.csv, <gpu>_ladders.csv and <gpu>_ceilings.csv and render
-# the charts. Run it through `cmake --workflow --preset bench` (README), which builds first and
+# the stages' ablation builds and ladder steps (plots/ablations.py), the stages that take bf16 in
+# both types (bf16), and the GPU's ceilings; write plots/data/<gpu>.csv, <gpu>_ablations.csv,
+# <gpu>_ladders.csv, <gpu>_bf16.csv and <gpu>_ceilings.csv and render the charts. Run it through `cmake --workflow --preset bench` (README), which builds first and
 # sets FLASH_STAGES_BIN.
 #
-# --parts LIST (comma-separated; default sweep,peers,ablations,ladders,ceilings) runs only those
+# --parts LIST (comma-separated; default sweep,peers,ablations,ladders,bf16,ceilings) runs only those
 # parts, and --merge (which a subset of parts needs) puts their rows into the CSVs already there
 # (plots/merge_rows.py) instead of replacing them: where one command may not run for the whole
 # benchmark, build once (cmake --workflow --preset full), then run it as several commands on the
@@ -23,7 +23,8 @@ cd "$(dirname "$0")/.."
 source plots/gpu_slug.sh
 
 bin=${FLASH_STAGES_BIN:-build/bin}
-parts=sweep,peers,ablations,ladders,ceilings merge=0
+all_parts=sweep,peers,ablations,ladders,bf16,ceilings
+parts=$all_parts merge=0
 while [ $# -gt 0 ]; do
     case $1 in
     --parts) parts=${2:?--parts needs a list}; shift 2 ;;
@@ -32,16 +33,16 @@ while [ $# -gt 0 ]; do
     esac
 done
 stages=("$@")
-usage="usage: FLASH_STAGES_BIN=build/bin $0 [--parts sweep,peers,ablations,ladders,ceilings] [--merge] STAGE..."
+usage="usage: FLASH_STAGES_BIN=build/bin $0 [--parts $all_parts] [--merge] STAGE..."
 for part in ${parts//,/ }; do
-    case $part in sweep | peers | ablations | ladders | ceilings) ;; *) echo "bench: unknown part '$part'; $usage" >&2; exit 2 ;; esac
+    [[ ",$all_parts," == *",$part,"* ]] || { echo "bench: unknown part '$part'; $usage" >&2; exit 2; }
 done
 has_part() { [[ ",$parts," == *",$1,"* ]]; }
 # Some parts alone would replace the CSVs with their own rows: they go in with --merge only.
-for part in sweep peers ablations ladders ceilings; do
+for part in ${all_parts//,/ }; do
     has_part $part || [ $merge = 1 ] || { echo "bench: --parts without '$part' needs --merge; $usage" >&2; exit 2; }
 done
-if has_part sweep || has_part ablations || has_part ladders; then
+if has_part sweep || has_part ablations || has_part ladders || has_part bf16; then
     [ ${#stages[@]} -gt 0 ] || { echo "$usage" >&2; exit 2; }
 fi
 
@@ -61,30 +62,53 @@ export FLASH_STAGES_COMMIT=${FLASH_STAGES_COMMIT:-$(git describe --always --dirt
 mapfile -t shapes < <(grep -v '^#' plots/shapes.txt | grep -v '^ *$')
 echo "bench: $gpu_name, ${#stages[@]} stages x ${#shapes[@]} shapes, commit $FLASH_STAGES_COMMIT -> $out"
 n=0 failures=0 start=$SECONDS
-for pass in forward backward; do
-    has_part sweep || break
-    for stage in "${stages[@]}"; do
-        for shape in "${shapes[@]}"; do
-            read -r B H S D causal <<<"$shape"
-            flags=(--batch "$B" --heads "$H" --seq "$S" --dim "$D" --bench --csv "$tmp")
-            [ "$causal" = 1 ] && flags+=(--causal)
-            [ $pass = backward ] && flags+=(--backward)
-            log=$("$bin/$stage" "${flags[@]}" 2>&1)
-            status=$?
-            # A forward-only stage says so at once; its backward is simply not part of the sweep.
-            [ $pass = backward ] && [ $status = 3 ] && grep -q "forward pass only" <<<"$log" && continue 2
-            n=$((n + 1))
-            label=$(printf '[%3d %4ds] %-18s %-8s B=%-2s H=%-2s S=%-5s D=%-3s %-10s' "$n" \
-                $((SECONDS - start)) "$stage" "$pass" "$B" "$H" "$S" "$D" \
-                "$([ "$causal" = 1 ] && echo causal || echo non-causal)")
-            case $status in
-            0) echo "$label $(grep '^time' <<<"$log" | sed 's/^time[^:]*: //')" ;;
-            3 | 77) echo "$label skipped: $(tail -n 1 <<<"$log" | sed "s/^$stage: //")" ;;
-            *) echo "$label FAILED (exit $status):"; sed 's/^/    /' <<<"$log"; failures=$((failures + 1)) ;;
-            esac
+# sweep CSV DTYPE...: every stage of sweep_stages over the shapes, the forward then the backward,
+# in each DTYPE one after the other at each shape (so that two types' times are seconds apart).
+sweep() {
+    local csv=$1 dtype stage shape pass log status label
+    shift
+    for pass in forward backward; do
+        for stage in "${sweep_stages[@]}"; do
+            for shape in "${shapes[@]}"; do
+                for dtype in "$@"; do
+                    read -r B H S D causal <<<"$shape"
+                    flags=(--batch "$B" --heads "$H" --seq "$S" --dim "$D" --dtype "$dtype" --bench --csv "$csv")
+                    [ "$causal" = 1 ] && flags+=(--causal)
+                    [ $pass = backward ] && flags+=(--backward)
+                    log=$("$bin/$stage" "${flags[@]}" 2>&1)
+                    status=$?
+                    # A forward-only stage says so at once; its backward is simply not part of the
+                    # sweep.
+                    [ $pass = backward ] && [ $status = 3 ] && grep -q "forward pass only" <<<"$log" && continue 3
+                    n=$((n + 1))
+                    label=$(printf '[%3d %4ds] %-18s %-8s %s B=%-2s H=%-2s S=%-5s D=%-3s %-10s' "$n" \
+                        $((SECONDS - start)) "$stage" "$pass" "$dtype" "$B" "$H" "$S" "$D" \
+                        "$([ "$causal" = 1 ] && echo causal || echo non-causal)")
+                    case $status in
+                    0) echo "$label $(grep '^time' <<<"$log" | sed 's/^time[^:]*: //')" ;;
+                    3 | 77) echo "$label skipped: $(tail -n 1 <<<"$log" | sed "s/^$stage: //")" ;;
+                    *) echo "$label FAILED (exit $status):"; sed 's/^/    /' <<<"$log"; failures=$((failures + 1)) ;;
+                    esac
+                done
+            done
         done
     done
-done
+}
+sweep_stages=("${stages[@]}")
+has_part sweep && sweep "$tmp" fp16
+bf16_tmp=$(mktemp "${TMPDIR:-/tmp}/bf16.XXXXXX.csv")
+if has_part bf16; then
+    # The stages that take bf16: the others refuse it before they look for a GPU.
+    sweep_stages=()
+    for stage in "${stages[@]}"; do
+        "$bin/$stage" --dtype bf16 --batch 1 --heads 1 --seq 1 2>&1 | grep -q "bf16 tensors are not supported" ||
+            sweep_stages+=("$stage")
+    done
+    # The sweep's shapes from S = 2048, where the kernels, not the launches, set the time.
+    mapfile -t shapes < <(for shape in "${shapes[@]}"; do read -r _ _ S _ _ <<<"$shape"; [ "$S" -ge 2048 ] && echo "$shape"; done)
+    echo "bench: ${sweep_stages[*]:-no stage given} in fp16 and bf16 at ${#shapes[@]} shapes -> plots/data/${slug}_bf16.csv"
+    sweep "$bf16_tmp" fp16 bf16
+fi
 
 if has_part peers; then
     echo "bench: the peers on the same shapes (plots/peers.py), forward and backward"
@@ -112,10 +136,12 @@ fi
 mkdir -p plots/data
 if [ $merge = 1 ]; then
     python3 plots/merge_rows.py "$tmp" "$out"
-elif has_part sweep || has_part peers; then
-    mv "$tmp" "$out"
+    [ -s "$bf16_tmp" ] && python3 plots/merge_rows.py "$bf16_tmp" "plots/data/${slug}_bf16.csv"
+else
+    { has_part sweep || has_part peers; } && mv "$tmp" "$out"
+    [ -s "$bf16_tmp" ] && mv "$bf16_tmp" "plots/data/${slug}_bf16.csv"
 fi
-rm -f "$tmp"
+rm -f "$tmp" "$bf16_tmp"
 [ -s "$ceilings_tmp" ] && mv "$ceilings_tmp" "plots/data/${slug}_ceilings.csv"
 rm -f "$ceilings_tmp"
 [ -f "$out" ] && echo "bench: $out has $(($(wc -l <"$out") - 1)) rows; this run took $((SECONDS - start)) s"

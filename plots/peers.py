@@ -20,7 +20,7 @@ import sys
 
 from cuda_timing import HARNESS, timed_ms, torch_on_gpu
 
-COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us"
+COLUMNS = "gpu,stage,batch,heads,seq,dim,causal,direction,median_us,tflops,gbps,max_abs_err,runs,commit,min_us,max_us,dtype"
 # A fixed sanity bound on head (0, 0), not the harness's rule: that rule (docs/measuring.md) needs
 # the float64 reference's rounding analysis per element, which this check does not compute.
 ATOL = RTOL = 4e-3
@@ -203,7 +203,7 @@ def main():
                 print(f"{label} {direction} median {median_us:.1f} us over {runs} runs "
                       f"(min {min_us:.1f}, max {max_us:.1f}): {tflops:.2f} TFLOP/s")
                 csv.write(f"{gpu},{peer.name},{B},{H},{S},{D},{causal},{direction},{median_us:.3f},{tflops:.3f},"
-                          f"{gbps:.1f},{max_err:.3e},{runs},{commit},{min_us:.3f},{max_us:.3f}\n")
+                          f"{gbps:.1f},{max_err:.3e},{runs},{commit},{min_us:.3f},{max_us:.3f},fp16\n")
                 csv.flush()
             del q, k, v, d_o
     return 1 if failures else 0

@@ -278,6 +278,57 @@ def ratio_table(csv_path, stage, peer, direction="fwd", first=2048):
         [f"{stage} / {peer}", f"S = {seqs[0]}"] + [str(S) for S in seqs[1:]], table)
 
 
+def bf16_ratios(csv_path):
+    """{(stage, direction, S, D, causal): bf16 TFLOP/s / fp16 TFLOP/s} on the sweep, from the GPU's
+    <gpu>_bf16.csv, where bench.sh's bf16 part times both types of a shape one after the other."""
+    tf = {}
+    for r in read_csv(companion(csv_path, "bf16")):
+        if on_sweep(r):
+            name, S, D, causal, direction = key_of(r)
+            tf[name, direction, S, D, causal, r["dtype"]] = num(r, "tflops")
+    return {k[:5]: tf[k] / tf[k[:5] + ("fp16",)] for k in tf if k[5] == "bf16" and k[:5] + ("fp16",) in tf}
+
+
+def bf16_table(csv_path, stage):
+    """A stage's bf16 TFLOP/s over its fp16 TFLOP/s, shape by shape, both from one run; the lowest in
+    bold. None where the stage has no bf16 rows."""
+    ratio = {k[1:]: x for k, x in bf16_ratios(csv_path).items() if k[0] == stage}
+    if not ratio:
+        return None
+    lowest = min(ratio, key=ratio.get)
+    table = []
+    for direction in ("fwd", "bwd"):
+        for D, c in sorted(CELLS, key=lambda cell: (cell[1], cell[0])):
+            if not any((direction, S, D, c) in ratio for S in SEQS):
+                continue
+            cells = [f"**{ratio[k]:.3f}**" if k == lowest else f"{ratio[k]:.3f}" if k in ratio else "-"
+                     for k in ((direction, S, D, c) for S in SEQS)]
+            table.append([f"{'forward' if direction == 'fwd' else 'backward'}, D = {D}{' causal' if c else ''}"]
+                         + cells)
+    return [f"bf16 / fp16, TFLOP/s of {stage} in each type, timed one after the other in one run "
+            f"(`{companion(csv_path, 'bf16')}`); the lowest in bold:", ""] + markdown_table(
+        ["bf16 / fp16"] + [f"S = {S}" for S in SEQS], table)
+
+
+def bf16_summary(csv_path):
+    """One line per stage and pass: the range of bf16 / fp16 over the sweep, for the README."""
+    ratios = bf16_ratios(csv_path)
+    if not ratios:
+        return no_data(companion(csv_path, "bf16"), "bf16 measurements")
+    gpu = read_csv(companion(csv_path, "bf16"))[0]["gpu"]
+    table = []
+    for stage in dict.fromkeys(k[0] for k in ratios):
+        for direction in ("fwd", "bwd"):
+            xs = [x for k, x in ratios.items() if k[0] == stage and k[1] == direction]
+            if xs:
+                table.append([stage, "forward" if direction == "fwd" else "backward", f"{min(xs):.3f}",
+                              f"{max(xs):.3f}", len(xs)])
+    return [f"bf16 TFLOP/s over fp16 TFLOP/s on the {gpu}, each shape of the sweep timed in both types one "
+            f"after the other (`{companion(csv_path, 'bf16')}`; every shape: [the report page]"
+            f"(plots/{pathlib.Path(csv_path).stem}.md)):", ""] + markdown_table(
+        ["stage", "pass", "lowest", "highest", "shapes"], table)
+
+
 def ablation_table(csv_path, stage):
     """A stage's ablation builds (plots/ablations.py): TFLOP/s at each sequence length its
     ablations.txt names, of the stage as built and of each build with one idea switched off, with
@@ -659,6 +710,9 @@ def report_page(csv_path):
                 ladder = ladder_table(csv_path, stage, direction, f"plots/{pathlib.Path(csv_path).stem}.md")
                 if ladder:
                     lines += [""] + ladder
+        bf16 = bf16_table(csv_path, stage)
+        if bf16:
+            lines += [""] + bf16
         if (ROOT / companion(csv_path, "profiles")).exists():
             lines += [""] + profile_table(csv_path, stage)
     return "\n".join(lines) + "\n"
@@ -681,6 +735,7 @@ def blocks():
            peer_profile_table(H100, "10_fa3_schedule:backward_dk_dv", "10_fa3_schedule.deterministic_dq:backward_dk_dv",
                               "10_fa3_schedule.deterministic_dq:backward_dq", "sdpa_cudnn:flash_bprop"))
     yield "README.md", "roofline", roofline_table(H100)
+    yield "README.md", "bf16", bf16_summary(H200)
     yield "README.md", "training", training_table(H100)
     yield "python/README.md", "training", training_table(H100)
     for lesson in lessons():
@@ -706,7 +761,7 @@ def with_block(text, key, lines):
 def bench_csvs():
     """The benchmark's CSVs, plots/data/<gpu>.csv, without the others that share the folder."""
     return sorted(f"plots/data/{p.name}" for p in (ROOT / "plots" / "data").glob("*.csv")
-                  if not re.search(r"_(ceilings|ablations|ladders|profiles|training)\.csv$", p.name))
+                  if not re.search(r"_(ceilings|ablations|ladders|bf16|profiles|training)\.csv$", p.name))
 
 
 def main(argv):

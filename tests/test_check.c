@@ -103,7 +103,7 @@ int main(void) {
         reference_row_error(&lng, lq, lk, lv, 0, 0, victim_row, scratch, ref, (reference_error){worst, rss});
         const size_t base = (size_t)victim_row * 64;
         for (int d = 0; d < 64; d++) {  // the largest fp16 value at most ref + 0.9 bound
-            const double target = ref[d] + 0.9 * check_element_bound(worst[d]);
+            const double target = ref[d] + 0.9 * check_element_bound(worst[d], ref_rounding_of(ATTN_FP16).u);
             uint16_t h = float_to_half((float)target);
             if (half_to_float(h) > target) h = (h & 0x8000) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
             lo[base + d] = h;

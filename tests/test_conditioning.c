@@ -160,7 +160,7 @@ static void run_regime(const regime *g, attn_shape s, uint64_t seed) {
     const int d = s.dim / 3;
     reference_row_error(&s, q, k, v, b, h, row, scratch, ref, (reference_error){worst, rss});
     memcpy(bad[0], out[0], n * sizeof(uint16_t));
-    bad[0][base + d] = half_past(ref[d], check_element_bound(worst[d]), 3);
+    bad[0][base + d] = half_past(ref[d], check_element_bound(worst[d], ref_rounding_of(ATTN_FP16).u), 3);
     check_result r = check_output(&s, q, k, v, bad[0]);
     EXPECT(!check_passed(&r) && r.over_tolerance == 1 && r.first_bad == base + d,
            "%s: O 3 ulps past its bound must fail (over %zu)", label, r.over_tolerance);
@@ -170,7 +170,7 @@ static void run_regime(const regime *g, attn_shape s, uint64_t seed) {
     reference_dq_row(&s, q, k, v, d_o, b, h, stats, stats + s.seq, delta_err, row, ref,
                      (reference_error){worst, rss});
     memcpy(bad[1], out[1], n * sizeof(uint16_t));
-    bad[1][base + d] = half_past(ref[d], check_element_bound(worst[d]), 3);
+    bad[1][base + d] = half_past(ref[d], check_element_bound(worst[d], ref_rounding_of(ATTN_FP16).u), 3);
     const uint16_t *const bad_grads[3] = {bad[1], out[2], out[3]};
     check_bwd_result rb = check_backward(&s, q, k, v, d_o, bad_grads);
     EXPECT(!check_bwd_passed(&rb) && rb.dq.over_tolerance == 1 && rb.dq.first_bad == base + d,

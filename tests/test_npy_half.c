@@ -1,4 +1,4 @@
-// test_npy_half.c - fp16 conversions against known bit patterns, and a .npy round trip.
+// test_npy_half.c - fp16 and bf16 conversions against known bit patterns, and a .npy round trip.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +29,29 @@ int main(int argc, char **argv) {
     for (uint32_t h = 0; h < 0x10000; h++)
         if ((h & 0x7c00) != 0x7c00)
             EXPECT(float_to_half(half_to_float((uint16_t)h)) == h, "round trip of 0x%04x", h);
+
+    // bf16: float's top 16 bits, rounded to nearest even.
+    struct { float f; uint16_t b; int exact; } known_bf16[] = {
+        {0.0f, 0x0000, 1}, {-0.0f, 0x8000, 1}, {1.0f, 0x3f80, 1}, {-2.0f, 0xc000, 1},
+        {3.3895314e38f, 0x7f7f, 1} /* largest */, {1.1754944e-38f, 0x0080, 1} /* smallest normal */,
+        {INFINITY, 0x7f80, 1}, {0.1f, 0x3dcd, 0}, {1.0f + 1.0f / 256, 0x3f80, 0} /* tie: even */,
+        {1.0f + 3.0f / 256, 0x3f82, 0} /* tie: even */, {3.4e38f, 0x7f80, 0} /* rounds past the largest */,
+        {65504.0f, 0x4780, 0} /* fp16's largest is not a bf16 */,
+    };
+    for (size_t i = 0; i < sizeof known_bf16 / sizeof known_bf16[0]; i++) {
+        EXPECT(float_to_bf16(known_bf16[i].f) == known_bf16[i].b, "float_to_bf16(%g) = 0x%04x, want 0x%04x",
+               known_bf16[i].f, float_to_bf16(known_bf16[i].f), known_bf16[i].b);
+        if (known_bf16[i].exact)
+            EXPECT(bf16_to_float(known_bf16[i].b) == known_bf16[i].f, "bf16_to_float(0x%04x) = %g",
+                   known_bf16[i].b, bf16_to_float(known_bf16[i].b));
+    }
+    EXPECT(isnan(bf16_to_float(HALF_POISON)), "the poison must read as NaN in bf16 too");
+    EXPECT(isnan(bf16_to_float(float_to_bf16(NAN))), "NaN stays NaN");
+    for (uint32_t b = 0; b < 0x10000; b++)
+        if ((b & 0x7f80) != 0x7f80)
+            EXPECT(float_to_bf16(bf16_to_float((uint16_t)b)) == b, "bf16 round trip of 0x%04x", b);
+    EXPECT(float_to_elem(0.1f, 1) == float_to_bf16(0.1f) && float_to_elem(0.1f, 0) == float_to_half(0.1f),
+           "float_to_elem picks the type");
 
     const char *dir = argc > 1 ? argv[1] : ".";
     char path[4096], error[4352];

@@ -20,14 +20,19 @@ from . import _library
 
 __all__ = ["attention", "stages", "default_stage", "StageInfo"]
 
-StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a")
+StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16")
 StageInfo.__doc__ = """A stage: its name, its idea in one line, whether it has a backward pass (can
-train), and whether it needs an H100/H200 (sm_90a instructions)."""
+train), whether it needs an H100/H200 (sm_90a instructions), and whether it takes bf16 as well as
+fp16."""
+
+# The element types the kernels take, as attn.h's attn_dtype numbers them.
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 
 
 def stages():
     """The stages found, in course order. Any of them is a valid ``stage=`` of :func:`attention`."""
-    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a) for s in _library.load_stages().values()]
+    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16)
+            for s in _library.load_stages().values()]
 
 
 def _runs_on(stage, capability):
@@ -70,7 +75,7 @@ def _stage(name):
 
 def _shape(q, causal):
     batch, heads, seq, dim = (int(n) for n in q.shape)
-    return _library.Shape(batch, heads, seq, dim, int(causal))
+    return _library.Shape(batch, heads, seq, dim, int(causal), _DTYPES[q.dtype])
 
 
 def _pointer(t):
@@ -92,22 +97,23 @@ def _why_not(stage_name, shape_key, device_index):
 
 
 def _check_runs(stage, shape, device):
-    key = (shape.batch, shape.heads, shape.seq, shape.dim, shape.causal)
+    key = (shape.batch, shape.heads, shape.seq, shape.dim, shape.causal, shape.dtype)
     reason = _why_not(stage.name, key, device.index)
     if reason:
         raise ValueError(reason)
 
 
 def _check_op_inputs(op, tensors):
-    """What the kernels assume of the tensors they are handed: contiguous fp16 [B, H, S, D] of one
-    shape, on one CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here).
+    """What the kernels assume of the tensors they are handed: contiguous fp16 or bf16 [B, H, S, D] of
+    one shape and type, on one CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here).
     attention() checks the same with friendlier messages and copies what it can; these checks make
     a direct call of torch.ops.flash_stages.* as safe."""
     q = tensors[0][1]
     for name, t in tensors:
-        if t.dtype != torch.float16 or t.dim() != 4 or t.shape != q.shape or t.device != q.device:
-            raise ValueError(f"flash_stages::{op}: {name} must be a float16 [batch, heads, seq, dim] tensor of q's "
-                             f"shape and device, got {t.dtype} {tuple(t.shape)} on {t.device}")
+        if (t.dtype not in _DTYPES or t.dtype != q.dtype or t.dim() != 4 or t.shape != q.shape
+                or t.device != q.device):
+            raise ValueError(f"flash_stages::{op}: {name} must be a float16 or bfloat16 [batch, heads, seq, dim] "
+                             f"tensor of q's type, shape and device, got {t.dtype} {tuple(t.shape)} on {t.device}")
         if not t.is_contiguous():
             raise ValueError(f"flash_stages::{op}: {name} must be contiguous (attention() copies it first)")
 
@@ -194,14 +200,17 @@ def _gradients(ctx, grad_o, grad_lse):
 
 
 _forward.register_autograd(_gradients, setup_context=_setup_context)
-# Under torch.autocast("cuda") (fp16), float32 q, k and v reach the kernels as fp16, and O is fp16,
-# as with F.scaled_dot_product_attention.
-torch.library.register_autocast("flash_stages::forward", "cuda", torch.float16)
 
 
-def _autocast_to_fp16():
-    """Whether torch.autocast("cuda") is on with fp16, which the op's autocast rule casts to."""
-    return torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.float16
+def _autocast_dtype():
+    """The type torch.autocast("cuda") casts to, when it is on with fp16 or bf16, else None. Under
+    it, attention() runs float32 q, k and v in that type and returns O in it, as
+    F.scaled_dot_product_attention does. (torch.library.register_autocast would fix one type for
+    the op, so attention() casts itself.)"""
+    if not torch.is_autocast_enabled("cuda"):
+        return None
+    dtype = torch.get_autocast_dtype("cuda")
+    return dtype if dtype in _DTYPES else None
 
 
 def _check_inputs(q, k, v):
@@ -210,9 +219,8 @@ def _check_inputs(q, k, v):
             raise TypeError(f"flash_stages.attention: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != "cuda":
             raise ValueError(f"flash_stages.attention: {name} must be a CUDA tensor, got device {t.device}")
-        if t.dtype != torch.float16 and not (t.dtype == torch.float32 and _autocast_to_fp16()):
-            raise TypeError(f"flash_stages.attention: {name} must be torch.float16 (the kernels are fp16 only), "
-                            f"got {t.dtype}")
+        if t.dtype not in _DTYPES and not (t.dtype == torch.float32 and _autocast_dtype()):
+            raise TypeError(f"flash_stages.attention: {name} must be torch.float16 or torch.bfloat16, got {t.dtype}")
         if t.dim() != 4:
             raise ValueError(f"flash_stages.attention: {name} must be 4-D [batch, heads, seq, dim], "
                              f"got shape {tuple(t.shape)}")
@@ -233,8 +241,9 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     """softmax(scale · q kᵀ, causal mask) v, as ``F.scaled_dot_product_attention(q, k, v,
     is_causal=causal, scale=scale)``.
 
-    q, k, v: CUDA fp16 tensors of one shape [batch, heads, seq, dim], on one device; any seq >= 1,
-    dim 64 or 128 (float32 under ``torch.autocast("cuda")``, which runs the kernels in fp16).
+    q, k, v: CUDA fp16 or bf16 tensors of one type and shape [batch, heads, seq, dim], on one device;
+    any seq >= 1, dim 64 or 128 (bf16 in the stages whose StageInfo says so: 08 and later). Under
+    ``torch.autocast("cuda")`` float32 inputs run in autocast's type, fp16 or bf16.
     Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed), and views that do
     not start on a 16-byte boundary, are copied first.
 
@@ -250,6 +259,11 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     seq] float32 (not differentiable), as FlashAttention's softmax_lse; stages with a backward pass only.
     """
     _check_inputs(q, k, v)
+    autocast_dtype = _autocast_dtype()
+    if autocast_dtype is not None:
+        q, k, v = (t.to(autocast_dtype) if t.dtype == torch.float32 else t for t in (q, k, v))
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"flash_stages.attention: q, k and v must have one type, got {q.dtype}, {k.dtype}, {v.dtype}")
     name = default_stage(q.device) if stage is None else stage
     st = _stage(name)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and not st.has_backward:

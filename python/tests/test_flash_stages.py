@@ -20,12 +20,13 @@ def runs_here(name):
 
 
 TRAINING_STAGES = [s.name for s in flash_stages.stages() if s.backward] if torch.cuda.is_available() else []
+BF16_STAGES = [s.name for s in flash_stages.stages() if s.bf16] if torch.cuda.is_available() else []
 FORWARD_STAGES = [s.name for s in flash_stages.stages() if not s.backward] if torch.cuda.is_available() else []
 
 
-def inputs(shape, seed=0, requires_grad=False):
+def inputs(shape, seed=0, requires_grad=False, dtype=torch.float16):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(shape, generator=gen, device="cuda", dtype=torch.float16).requires_grad_(requires_grad)
+    return [torch.randn(shape, generator=gen, device="cuda", dtype=dtype).requires_grad_(requires_grad)
             for _ in range(4)]
 
 
@@ -125,6 +126,37 @@ def test_one_graph_for_many_lengths():
         with torch.no_grad():
             torch.testing.assert_close(step(q, k, v), flash_stages.attention(q, k, v, causal=True), atol=0, rtol=0)
     assert counter.frame_count == 1, f"{counter.frame_count} graphs for three shapes"
+
+
+@pytest.mark.parametrize("stage", BF16_STAGES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES[1:4])
+def test_bf16_matches_float64_as_closely_as_sdpa_bf16(stage, causal, shape):
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    q, k, v, d_o = inputs(shape, seed=5, requires_grad=True, dtype=torch.bfloat16)
+    info = {s.name: s for s in flash_stages.stages()}[stage]
+    o = flash_stages.attention(q, k, v, causal=causal, stage=stage)
+    assert o.dtype == torch.bfloat16
+    ours = [o.detach()]
+    if info.backward:
+        o.backward(d_o)
+        ours += [q.grad, k.grad, v.grad]
+    exact = sdpa_with_grads(q, k, v, d_o, causal, torch.float64)
+    pytorch_bf16 = sdpa_with_grads(q, k, v, d_o, causal, torch.bfloat16)
+    for name, mine, ref, theirs in zip(("o", "dq", "dk", "dv"), ours, exact, pytorch_bf16):
+        assert mine.dtype == torch.bfloat16 and torch.isfinite(mine).all(), f"{name}: {mine.dtype}, or NaN/Inf"
+        bound = 2 * max_error(theirs, ref) + 1e-2
+        assert max_error(mine, ref) <= bound, f"{name}: error {max_error(mine, ref):.3g} > {bound:.3g}"
+
+
+def test_autocast_runs_float32_inputs_in_bf16():
+    q, k, v, _ = inputs((1, 2, 200, 64), seed=13)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        o = flash_stages.attention(q.float(), k.float(), v.float(), causal=True)
+    assert o.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(o, flash_stages.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True))
 
 
 def test_scale_of_one_over_sqrt_dim_takes_no_extra_pass():
@@ -357,8 +389,9 @@ def good():
 
 @pytest.mark.parametrize("case, error, words", [
     ("cpu", ValueError, "q must be a CUDA tensor"),
-    ("bf16", TypeError, "k must be torch.float16"),
-    ("fp32", TypeError, "v must be torch.float16"),
+    ("bf16", TypeError, "q, k and v must have one type"),
+    ("fp32", TypeError, "v must be torch.float16 or torch.bfloat16"),
+    ("bf16_stage", ValueError, "bf16 tensors are not supported"),
     ("dim96", ValueError, "head dim (q.shape[-1]) must be 64 or 128, got 96"),
     ("3d", ValueError, "q must be 4-D"),
     ("shapes", ValueError, "q, k and v must have the same shape"),
@@ -376,6 +409,9 @@ def test_bad_input_names_the_argument(case, error, words):
         k = k.bfloat16()
     elif case == "fp32":
         v = v.float()
+    elif case == "bf16_stage":
+        q, k, v = (t.bfloat16() for t in (q, k, v))
+        kwargs["stage"] = "07_swizzle_cp_async"
     elif case == "dim96":
         q, k, v = (torch.randn(1, 2, 64, 96, device="cuda", dtype=torch.float16) for _ in range(3))
     elif case == "3d":

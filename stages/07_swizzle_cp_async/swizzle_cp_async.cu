@@ -200,10 +200,10 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
                 uint32_t p_frag[ROW_TILES][4];
 #pragma unroll
                 for (int m = 0; m < ROW_TILES; m++) {
-                    p_frag[m][0] = pack_half2(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
-                    p_frag[m][1] = pack_half2(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
-                    p_frag[m][2] = pack_half2(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
-                    p_frag[m][3] = pack_half2(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
+                    p_frag[m][0] = pack2(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
+                    p_frag[m][1] = pack2(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
+                    p_frag[m][2] = pack2(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
+                    p_frag[m][3] = pack2(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
                 }
 #pragma unroll
                 for (int n = 0; n < D / 16; n++) {

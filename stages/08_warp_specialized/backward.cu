@@ -17,7 +17,7 @@
 // dQ's rows are queries, which every key block touches, so dQ is summed across blocks in one of
 // two ways (kAtomicDq):
 //   atomics (sm_90 and newer, faster there): each block adds dS K for the walked query tile to a
-//     float dQ accumulator in global memory; backward_dq_convert turns the sums into fp16. Five
+//     float dQ accumulator in global memory; backward_dq_convert turns the sums into fp16 or bf16. Five
 //     matrix products; the order of the adds varies from run to run, so dQ's last bits do too.
 //   deterministic (before sm_90, or -DATOMIC_DQ=0): backward_dq gives each block 64 queries (128
 //     at D = 128) and walks over the key tiles, recomputing S and dP (seven products instead of
@@ -90,56 +90,57 @@ template <int D> struct DkDvConfig {
     static constexpr int ROW_GROUPS = WALK / 32, COL_GROUPS = WARPS / ROW_GROUPS;
     static constexpr int SDP_COLS = OWN / COL_GROUPS, DQ_COLS = D / COL_GROUPS, KV_COLS = D / 2;
     static_assert(OWN == 4 * 32 && DQ_COLS == 16, "the warp tiles cover the products");
-    static constexpr size_t SLOT = sizeof(__half) * 2 * WALK * D + sizeof(float) * 2 * WALK;
-    static constexpr int P_BYTES = sizeof(__half) * WALK * OWN;  // P's tile; dS's follows
-    static constexpr size_t bytes = sizeof(__half) * OWN * D + 2 * SLOT + 2 * P_BYTES;
+    static constexpr size_t SLOT = ELEM_BYTES * 2 * WALK * D + sizeof(float) * 2 * WALK;
+    static constexpr int P_BYTES = ELEM_BYTES * WALK * OWN;  // P's tile; dS's follows
+    static constexpr size_t bytes = ELEM_BYTES * OWN * D + 2 * SLOT + 2 * P_BYTES;
     // Every tile starts at a multiple of its row pitch, as swizzled_step needs.
-    static_assert((sizeof(__half) * OWN * D) % 256 == 0 && SLOT % 256 == 0 && P_BYTES % 256 == 0, "tile alignment");
-    static_assert(2 * SLOT >= sizeof(__half) * OWN * D, "V is staged through the ring");
+    static_assert((ELEM_BYTES * OWN * D) % 256 == 0 && SLOT % 256 == 0 && P_BYTES % 256 == 0, "tile alignment");
+    static_assert(2 * SLOT >= ELEM_BYTES * OWN * D, "V is staged through the ring");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
 template <int D> struct DqConfig {
     static constexpr int TILES = D == 64 ? Q_TILES_D64 : Q_TILES_D128;
     static constexpr int OWN = 16 * TILES * BWD_WARPS;         // queries per block
     static constexpr int WALK = walk_rows<D, TILES>();        // keys per walked tile
-    static constexpr size_t bytes = sizeof(__half) * (2 * OWN * D + 2 * 2 * WALK * D);
+    static constexpr size_t bytes = ELEM_BYTES * (2 * OWN * D + 2 * 2 * WALK * D);
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
 
-// fp32 accumulator blocks 2k and 2k + 1 (each 16 x 8) as one fp16 A operand (16 x 16).
+// fp32 accumulator blocks 2k and 2k + 1 (each 16 x 8) as one fp16 or bf16 A operand (16 x 16).
+template <typename Elem>
 __device__ inline void pack_a(uint32_t a[4], const float lo[4], const float hi[4]) {
-    a[0] = pack_half2(lo[0], lo[1]);
-    a[1] = pack_half2(lo[2], lo[3]);
-    a[2] = pack_half2(hi[0], hi[1]);
-    a[3] = pack_half2(hi[2], hi[3]);
+    a[0] = pack2<Elem>(lo[0], lo[1]);
+    a[1] = pack2<Elem>(lo[2], lo[3]);
+    a[2] = pack2<Elem>(hi[0], hi[1]);
+    a[3] = pack2<Elem>(hi[2], hi[3]);
 }
 
 // acc[m][2n], acc[m][2n + 1] += A(m) x the two n8 blocks of b, for every row tile m: each B
 // fragment read from shared memory feeds MT pairs of MMAs.
-template <int MT, int NT>
+template <typename Elem, int MT, int NT>
 __device__ inline void mma_rows_by_b_pair(float acc[MT][NT][4], const uint32_t a[MT][4], const uint32_t b[4], int n) {
 #pragma unroll
     for (int m = 0; m < MT; m++) {
-        mma_m16n8k16(acc[m][2 * n], a[m], b[0], b[1]);
-        mma_m16n8k16(acc[m][2 * n + 1], a[m], b[2], b[3]);
+        mma_m16n8k16<Elem>(acc[m][2 * n], a[m], b[0], b[1]);
+        mma_m16n8k16<Elem>(acc[m][2 * n + 1], a[m], b[2], b[3]);
     }
 }
 
 // out[m][j] (j = 0 .. D/8-1) += P(16 x K per row tile, accumulators in registers) x B(K rows of
 // b_tile).
-template <int D, int K, int RT>
-__device__ inline void product_pb(float out[RT][D / 8][4], const float p[RT][K / 8][4], const __half *b_tile,
+template <typename Elem, int D, int K, int RT>
+__device__ inline void product_pb(float out[RT][D / 8][4], const float p[RT][K / 8][4], const Elem *b_tile,
                                   int lane) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
         uint32_t a[RT][4];
 #pragma unroll
-        for (int m = 0; m < RT; m++) pack_a(a[m], p[m][2 * kk], p[m][2 * kk + 1]);
+        for (int m = 0; m < RT; m++) pack_a<Elem>(a[m], p[m][2 * kk], p[m][2 * kk + 1]);
 #pragma unroll
         for (int n = 0; n < D / 16; n++) {
             uint32_t b[4];
             load_b_frags_trans<D>(b, b_tile, kk * 16, n * 16, lane);
-            mma_rows_by_b_pair<RT, D / 8>(out, a, b, n);
+            mma_rows_by_b_pair<Elem, RT, D / 8>(out, a, b, n);
         }
     }
 }
@@ -157,7 +158,7 @@ __device__ inline void zero(float acc[RT][N][4]) {
 // (a_frag_address and friends, mma_ptx.cuh), and every other fragment is a swizzled_step away.
 
 // acc += A Bᵀ: A's rows in a [..][WA] tile, B's rows in a [..][WB] tile (S = Q Kᵀ, dP = dO Vᵀ).
-template <int K, int MT, int NT, int WA, int WB>
+template <typename Elem, int K, int MT, int NT, int WA, int WB>
 __device__ inline void warp_abt(float acc[MT][NT][4], uint32_t a_address, uint32_t b_address) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
@@ -168,14 +169,14 @@ __device__ inline void warp_abt(float acc[MT][NT][4], uint32_t a_address, uint32
         for (int n = 0; n < NT / 2; n++) {
             uint32_t b[4];
             ldmatrix_x4_at(b, swizzled_step<WB>(b_address, 16 * n, 16 * kk));
-            mma_rows_by_b_pair<MT, NT>(acc, a, b, n);
+            mma_rows_by_b_pair<Elem, MT, NT>(acc, a, b, n);
         }
     }
 }
 
 // acc += A B: A's rows in a [..][WA] tile or, A_TRANSPOSED, its columns in a [K][WA] tile (Pᵀ and
 // dSᵀ from P and dS); B's rows k in a [K][WB] tile (dV = Pᵀ dO, dK = dSᵀ Q, dQ = dS K).
-template <int K, int MT, int NT, int WA, int WB, bool A_TRANSPOSED>
+template <typename Elem, int K, int MT, int NT, int WA, int WB, bool A_TRANSPOSED>
 __device__ inline void warp_ab(float acc[MT][NT][4], uint32_t a_address, uint32_t b_address) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
@@ -189,15 +190,15 @@ __device__ inline void warp_ab(float acc[MT][NT][4], uint32_t a_address, uint32_
         for (int n = 0; n < NT / 2; n++) {
             uint32_t b[4];
             ldmatrix_x4_trans_at(b, swizzled_step<WB>(b_address, 16 * kk, 16 * n));
-            mma_rows_by_b_pair<MT, NT>(acc, a, b, n);
+            mma_rows_by_b_pair<Elem, MT, NT>(acc, a, b, n);
         }
     }
 }
 
-// Writes a warp tile (rows row0 + g, + 8 of each 16, columns col0..) of a [S, D] fp16 matrix,
+// Writes a warp tile (rows row0 + g, + 8 of each 16, columns col0..) of a [S, D] fp16 or bf16 matrix,
 // times factor; rows past S are not written.
-template <int D, int MT, int NT>
-__device__ inline void store_warp_tile(__half *dst, const float acc[MT][NT][4], float factor, int row0, int col0, int S,
+template <int D, int MT, int NT, typename Elem>
+__device__ inline void store_warp_tile(Elem *dst, const float acc[MT][NT][4], float factor, int row0, int col0, int S,
                                        int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -208,13 +209,13 @@ __device__ inline void store_warp_tile(__half *dst, const float acc[MT][NT][4], 
             if (row >= S) continue;
 #pragma unroll
             for (int n = 0; n < NT; n++)
-                *(__half2 *)(dst + (size_t)row * D + col0 + 8 * n + 2 * t) =
-                    __floats2half2_rn(acc[m][n][2 * r] * factor, acc[m][n][2 * r + 1] * factor);
+                *(uint32_t *)(dst + (size_t)row * D + col0 + 8 * n + 2 * t) =
+                    pack2<Elem>(acc[m][n][2 * r] * factor, acc[m][n][2 * r + 1] * factor);
         }
 }
 
 // P = 2^(S scale log2 e - lse) and dS = P ∘ (dP - delta) of a warp's 32 x (NT 8) tile of S and
-// dP, to shared memory as fp16 at p_address (this thread's first pair; dS is ds_offset bytes
+// dP, to shared memory as Elem at p_address (this thread's first pair; dS is ds_offset bytes
 // further). The thread's rows are g, g + 8, g + 16, g + 24 (query0 + those, lse_rows and
 // delta_rows indexed by them), its keys key0 + 8 n + 2 t (+1). MASKED (tiles on the diagonal, or
 // with queries or keys past S) zeroes P where the query is past S or, causal, the key is after
@@ -222,7 +223,7 @@ __device__ inline void store_warp_tile(__half *dst, const float acc[MT][NT][4], 
 // K row is zero (cp_async_tile fills it so): its score is then 0 and P = 2^-lse, which overflows
 // fp16 wherever a row's scores are all below about -11, and dQ += dS K would turn that Inf times
 // the zero row into NaN.
-template <int W, int NT, bool MASKED, bool KEYS_PAST_S>
+template <typename Elem, int W, int NT, bool MASKED, bool KEYS_PAST_S>
 __device__ inline void p_and_ds_to_smem(const float (&s_acc)[2][NT][4], const float (&dp_acc)[2][NT][4],
                                         const float *lse_rows, const float *delta_rows, uint32_t p_address,
                                         int ds_offset, float scale_log2, int query0, int key0, int S, int causal,
@@ -247,17 +248,17 @@ __device__ inline void p_and_ds_to_smem(const float (&s_acc)[2][NT][4], const fl
                 // The base's chunk is a multiple of NT, so the 8-column steps n < NT flip chunk
                 // bits it does not use: swizzled_step applies.
                 const uint32_t at = swizzled_step<W>(p_address, 16 * m + 8 * r, 8 * n);
-                st_shared_b32(at, __floats2half2_rn(p[0], p[1]));
-                st_shared_b32(at + ds_offset, __floats2half2_rn(ds[0], ds[1]));
+                st_shared_b32(at, pack2<Elem>(p[0], p[1]));
+                st_shared_b32(at + ds_offset, pack2<Elem>(ds[0], ds[1]));
             }
         }
 }
 
 // Starts copying the walked query tile `tile` (Q, dO, lse and delta of QT queries) into a slot.
-template <int D, int QT, int THREADS>
-__device__ inline void load_query_tile(unsigned char *slot, const __half *q_head, const __half *do_head,
+template <int D, int QT, int THREADS, typename Elem>
+__device__ inline void load_query_tile(unsigned char *slot, const Elem *q_head, const Elem *do_head,
                                        const float *lse_head, const float *delta_head, int tile, int S) {
-    __half *q_tile = (__half *)slot, *do_tile = q_tile + QT * D;
+    Elem *q_tile = (Elem *)slot, *do_tile = q_tile + QT * D;
     float *lse_tile = (float *)(do_tile + QT * D), *delta_tile = lse_tile + QT;
     const int i0 = tile * QT;
     cp_async_tile<QT, D, THREADS>(q_tile, q_head, i0, S);
@@ -273,17 +274,17 @@ __device__ inline void load_query_tile(unsigned char *slot, const __half *q_head
 // a 2-slot cp.async ring. KEYS_PAST_S: S is not a multiple of OWN, so each head's last key block
 // has keys past S to mask in every tile; chosen per launch, as FlashAttention-2's Is_even_MN, so
 // that the blocks of a length with no such keys carry no test for them.
-template <int D, bool ATOMIC, bool KEYS_PAST_S>
+template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
 __global__ void __launch_bounds__(DkDvConfig<D>::THREADS, 1)
-backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
-               const float *delta, __half *dk, __half *dv, float *dq_accum, int S, float scale, int causal) {
+backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, const float *lse_log2,
+               const float *delta, Elem *dk, Elem *dv, float *dq_accum, int S, float scale, int causal) {
     using L = DkDvConfig<D>;
     constexpr int QT = L::WALK, OWN = L::OWN, SDP_NT = L::SDP_COLS / 8, DQ_NT = L::DQ_COLS / 8, KV_NT = L::KV_COLS / 8;
     extern __shared__ __align__(1024) unsigned char smem[];
-    __half *k_tile = (__half *)smem;                            // [OWN][D]
+    Elem *k_tile = (Elem *)smem;                            // [OWN][D]
     unsigned char *ring = (unsigned char *)(k_tile + OWN * D);  // [2][Q tile, dO tile, lse, delta]
-    __half *p_tile = (__half *)(ring + 2 * L::SLOT);            // [QT][OWN]: P, queries as rows
-    __half *ds_tile = p_tile + QT * OWN;                        // [QT][OWN]: dS
+    Elem *p_tile = (Elem *)(ring + 2 * L::SLOT);            // [QT][OWN]: P, queries as rows
+    Elem *ds_tile = p_tile + QT * OWN;                        // [QT][OWN]: dS
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
@@ -299,7 +300,7 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
     const int first_tile = causal ? j0 / QT : 0, n_tiles = ceil_div(S, QT);
 
     // K stays in shared memory; V's B fragments for this warp's keys move into registers.
-    __half *v_stage = (__half *)ring;
+    Elem *v_stage = (Elem *)ring;
     cp_async_tile<OWN, D, kCopyThreads>(k_tile, k + head, j0, S);
     cp_async_tile<OWN, D, kCopyThreads>(v_stage, v + head, j0, S);
     cp_async_commit();
@@ -320,7 +321,7 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
     // loop): S's A = Q and dP's A = dO (of slot 0; a slot is SLOT bytes further), S's B = K; dV's
     // A = Pᵀ and dK's A = dSᵀ, dV's B = dO and dK's B = Q; dQ's A = dS and B = K; and where this
     // thread's P and dS pairs go.
-    const __half *q_tile0 = (const __half *)ring, *do_tile0 = q_tile0 + QT * D;
+    const Elem *q_tile0 = (const Elem *)ring, *do_tile0 = q_tile0 + QT * D;
     const uint32_t q_a = a_frag_address<D>(q_tile0, sdp_row0, 0, lane), do_a = a_frag_address<D>(do_tile0, sdp_row0, 0, lane);
     const uint32_t k_b = b_frags_of_rows_address<D>(k_tile, sdp_col0, 0, lane);
     const uint32_t p_at = a_frag_trans_address<OWN>(p_tile, kv_row0, 0, lane), ds_at = p_at + L::P_BYTES;
@@ -345,7 +346,7 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
         cp_async_commit();
         const uint32_t slot_offset = ((tile - first_tile) % 2) * L::SLOT;
         unsigned char *slot = ring + slot_offset;
-        const __half *do_tile = (const __half *)slot + QT * D;
+        const Elem *do_tile = (const Elem *)slot + QT * D;
         const float *lse_tile = (const float *)(do_tile + QT * D), *delta_tile = lse_tile + QT;
         const int i0 = tile * QT;
 
@@ -353,14 +354,14 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
         float s_acc[2][SDP_NT][4], dp_acc[2][SDP_NT][4];
         zero<2, SDP_NT>(s_acc);
         zero<2, SDP_NT>(dp_acc);
-        warp_abt<D, 2, SDP_NT, D, D>(s_acc, q_a + slot_offset, k_b);
+        warp_abt<Elem, D, 2, SDP_NT, D, D>(s_acc, q_a + slot_offset, k_b);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             uint32_t a[2][4];
 #pragma unroll
             for (int m = 0; m < 2; m++) ldmatrix_x4_at(a[m], swizzled_step<D>(do_a + slot_offset, 16 * m, 16 * kk));
 #pragma unroll
-            for (int n = 0; n < SDP_NT / 2; n++) mma_rows_by_b_pair<2, SDP_NT>(dp_acc, a, v_frags[kk][n], n);
+            for (int n = 0; n < SDP_NT / 2; n++) mma_rows_by_b_pair<Elem, 2, SDP_NT>(dp_acc, a, v_frags[kk][n], n);
         }
 
         // P and dS to shared memory; the masks cost only the tiles on the diagonal or past S
@@ -368,21 +369,21 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
         const int query0 = i0 + sdp_row0, key0 = j0 + sdp_col0;
         const float *lse_rows = lse_tile + sdp_row0, *delta_rows = delta_tile + sdp_row0;
         if (i0 + QT > S || (KEYS_PAST_S && j0 + OWN > S) || (causal && i0 < j0 + OWN))
-            p_and_ds_to_smem<OWN, SDP_NT, true, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
+            p_and_ds_to_smem<Elem, OWN, SDP_NT, true, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
                                                               scale_log2, query0, key0, S, causal, lane);
         else
-            p_and_ds_to_smem<OWN, SDP_NT, false, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
+            p_and_ds_to_smem<Elem, OWN, SDP_NT, false, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
                                                                scale_log2, query0, key0, S, causal, lane);
         __syncthreads();  // P and dS of the whole tile are in shared memory
 
         // dV += Pᵀ dO and dK += dSᵀ Q for this warp's 32 keys x KV_COLS columns.
-        warp_ab<QT, 2, KV_NT, OWN, D, true>(dv_acc, p_at, do_bt + slot_offset);
-        warp_ab<QT, 2, KV_NT, OWN, D, true>(dk_acc, ds_at, q_bt + slot_offset);
+        warp_ab<Elem, QT, 2, KV_NT, OWN, D, true>(dv_acc, p_at, do_bt + slot_offset);
+        warp_ab<Elem, QT, 2, KV_NT, OWN, D, true>(dk_acc, ds_at, q_bt + slot_offset);
         if constexpr (ATOMIC) {
             // dQ += dS K for this warp's 32 queries x DQ_COLS columns, added to the float sums.
             float dq_acc[2][DQ_NT][4];
             zero<2, DQ_NT>(dq_acc);
-            warp_ab<OWN, 2, DQ_NT, OWN, D, false>(dq_acc, ds_a, k_bt);
+            warp_ab<Elem, OWN, 2, DQ_NT, OWN, D, false>(dq_acc, ds_a, k_bt);
             // This thread's first float of the tile, and how many of its rows (g + 16 m + 8 r) exist.
             float *dq_rows = dq_accum + head + (size_t)(i0 + dq_row0 + g) * D + dq_col0 + 2 * t;
             const int rows_left = S - (i0 + dq_row0 + g);
@@ -406,17 +407,17 @@ backward_dk_dv(const __half *q, const __half *k, const __half *v, const __half *
 
 // dQ for OWN queries per block, 16 * TILES per warp; K and V tiles (KT rows each) stream through
 // a 2-slot cp.async ring.
-template <int D>
+template <typename Elem, int D>
 __global__ void __launch_bounds__(BWD_THREADS)
-backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o, const float *lse_log2,
-            const float *delta, __half *dq, int S, float scale, int causal) {
+backward_dq(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, const float *lse_log2,
+            const float *delta, Elem *dq, int S, float scale, int causal) {
     using L = DqConfig<D>;
     constexpr int KT = L::WALK, RT = L::TILES, OWN = L::OWN;
     constexpr int SLOT = 2 * KT * D;  // K tile then V tile
     extern __shared__ __align__(1024) unsigned char smem[];
-    __half *q_tile = (__half *)smem;      // [OWN][D]
-    __half *do_tile = q_tile + OWN * D;   // [OWN][D]
-    __half *ring = do_tile + OWN * D;     // [2][K tile, V tile]
+    Elem *q_tile = (Elem *)smem;      // [OWN][D]
+    Elem *do_tile = q_tile + OWN * D;   // [OWN][D]
+    Elem *ring = do_tile + OWN * D;     // [2][K tile, V tile]
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
@@ -453,16 +454,16 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
     for (int tile = 0; tile < n_tiles; tile++) {
         cp_async_wait<1>();
         __syncthreads();
-        const __half *k_tile = ring + (tile % 2) * SLOT, *v_tile = k_tile + KT * D;
+        const Elem *k_tile = ring + (tile % 2) * SLOT, *v_tile = k_tile + KT * D;
         const int k0 = tile * KT;
 
         // S = Q Kᵀ, P in place; dP = dO Vᵀ; dS = P ∘ (dP - delta) in place; dQ += dS K.
         float p[RT][KT / 8][4], ds[RT][KT / 8][4];
         zero<RT, KT / 8>(p);
         zero<RT, KT / 8>(ds);
-        warp_abt<D, RT, KT / 8, D, D>(p, a_frag_address<D>(q_tile, warp * 16 * RT, 0, lane),
+        warp_abt<Elem, D, RT, KT / 8, D, D>(p, a_frag_address<D>(q_tile, warp * 16 * RT, 0, lane),
                                         b_frags_of_rows_address<D>(k_tile, 0, 0, lane));
-        warp_abt<D, RT, KT / 8, D, D>(ds, a_frag_address<D>(do_tile, warp * 16 * RT, 0, lane),
+        warp_abt<Elem, D, RT, KT / 8, D, D>(ds, a_frag_address<D>(do_tile, warp * 16 * RT, 0, lane),
                                         b_frags_of_rows_address<D>(v_tile, 0, 0, lane));
         const bool masked = k0 + KT > S || (causal && k0 + KT - 1 > i0);
 #pragma unroll
@@ -476,7 +477,7 @@ backward_dq(const __half *q, const __half *k, const __half *v, const __half *d_o
                     if (masked && (key >= S || (causal && key > warp_query0 + 16 * m + g + 8 * r))) x = 0.0f;
                     ds[m][n][e] = x * (ds[m][n][e] - d_i[m][r]);
                 }
-        product_pb<D, KT, RT>(dq_acc, ds, k_tile, lane);
+        product_pb<Elem, D, KT, RT>(dq_acc, ds, k_tile, lane);
 
         __syncthreads();
         if (tile + 2 < n_tiles) {
@@ -519,7 +520,7 @@ size_t stage08_backward_shared_bytes(const attn_shape *s) {
     return s->dim == 64 ? backward_shared_bytes<64>() : backward_shared_bytes<128>();
 }
 
-template <int D, bool ATOMIC>
+template <typename Elem, int D, bool ATOMIC>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     using DkDv = DkDvConfig<D>;
     using Dq = DqConfig<D>;
@@ -528,25 +529,25 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     // The delta pre-pass also zeroes dQ's sums.
     cudaError_t err = launch_backward_delta(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);
     const bool keys_past_s = s->seq % DkDv::OWN != 0;
-    const auto dk_dv = keys_past_s ? backward_dk_dv<D, ATOMIC, true> : backward_dk_dv<D, ATOMIC, false>;
+    const auto dk_dv = keys_past_s ? backward_dk_dv<Elem, D, ATOMIC, true> : backward_dk_dv<Elem, D, ATOMIC, false>;
     if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, DkDv::bytes);
-    if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<D>, Dq::bytes);
+    if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<Elem, D>, Dq::bytes);
     if (err != cudaSuccess) return err;
     const float scale = 1.0f / sqrtf((float)D);
-    const __half *q = (const __half *)t->q, *k = (const __half *)t->k, *v = (const __half *)t->v;
-    const __half *d_o = (const __half *)t->d_o;
+    const Elem *q = (const Elem *)t->q, *k = (const Elem *)t->k, *v = (const Elem *)t->v;
+    const Elem *d_o = (const Elem *)t->d_o;
     const int heads_total = s->batch * s->heads;
     for (int first = 0; first < heads_total;) {  // in chunks of heads (head_chunk)
         const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, DkDv::OWN));
         const size_t offset = (size_t)first * s->seq * D, rows = (size_t)first * s->seq;
         dk_dv<<<c.grid, DkDv::THREADS, DkDv::bytes, stream>>>(
-            q + offset, k + offset, v + offset, d_o + offset, lse + rows, delta + rows, (__half *)t->dk + offset,
-            (__half *)t->dv + offset, ATOMIC ? dq_accum + offset : NULL, s->seq, scale, s->causal);
+            q + offset, k + offset, v + offset, d_o + offset, lse + rows, delta + rows, (Elem *)t->dk + offset,
+            (Elem *)t->dv + offset, ATOMIC ? dq_accum + offset : NULL, s->seq, scale, s->causal);
         if (!ATOMIC) {
             const dim3 grid(ceil_div(s->seq, Dq::OWN), c.grid.y, c.grid.z);
-            backward_dq<D><<<grid, BWD_THREADS, Dq::bytes, stream>>>(q + offset, k + offset, v + offset, d_o + offset,
-                                                                     lse + rows, delta + rows, (__half *)t->dq + offset,
-                                                                     s->seq, scale, s->causal);
+            backward_dq<Elem, D><<<grid, BWD_THREADS, Dq::bytes, stream>>>(
+                q + offset, k + offset, v + offset, d_o + offset, lse + rows, delta + rows, (Elem *)t->dq + offset,
+                s->seq, scale, s->causal);
         }
         first += c.count;
     }
@@ -554,8 +555,14 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     return cudaGetLastError();
 }
 
-cudaError_t stage08_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+template <typename Elem>
+static cudaError_t launch_backward_of_type(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     if (dq_by_atomics())
-        return s->dim == 64 ? launch_backward<64, true>(s, t, stream) : launch_backward<128, true>(s, t, stream);
-    return s->dim == 64 ? launch_backward<64, false>(s, t, stream) : launch_backward<128, false>(s, t, stream);
+        return s->dim == 64 ? launch_backward<Elem, 64, true>(s, t, stream) : launch_backward<Elem, 128, true>(s, t, stream);
+    return s->dim == 64 ? launch_backward<Elem, 64, false>(s, t, stream) : launch_backward<Elem, 128, false>(s, t, stream);
+}
+
+cudaError_t stage08_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
+    return s->dtype == ATTN_BF16 ? launch_backward_of_type<__nv_bfloat16>(s, t, stream)
+                                 : launch_backward_of_type<__half>(s, t, stream);
 }

@@ -11,7 +11,9 @@
 // (wrappers in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block
 // per SM instead of four warps and 2-3 blocks; a 3-slot ring at D = 64, 32-key tiles at D = 128
 // (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the
-// workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's.
+// workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's. The
+// kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products' type and the roundings of
+// P and O differ.
 // Limits: registers are given per kernel, not per role: the producer warp holds as many as a
 // consumer (sm_90a's setmaxnreg, stage 09, moves them), so an SM runs 7 consumer warps where
 // stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks pad one block of a head (with the mask
@@ -70,9 +72,9 @@ template <int D> struct Config {
     static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
     static constexpr int BLOCK_ROWS = CONSUMERS * WARP_ROWS;
     static constexpr int THREADS = 32 * (CONSUMERS + 1);
-    static constexpr int TILE = KEY_TILE * D;  // halves in one K or V tile
-    // 128 bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the fp16 tiles.
-    static constexpr size_t bytes = 128 + sizeof(__half) * (BLOCK_ROWS * D + 2 * STAGES * TILE);
+    static constexpr int TILE = KEY_TILE * D;  // elements in one K or V tile
+    // 128 bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the 2-byte tiles.
+    static constexpr size_t bytes = 128 + ELEM_BYTES * (BLOCK_ROWS * D + 2 * STAGES * TILE);
     static_assert(sizeof(uint64_t) * (2 * STAGES + 1) <= 128, "mbarriers overflow their 128 bytes");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
     // A split padded block's merge: each warp's partial result (fp32, lane-major) goes where Q and
@@ -81,9 +83,9 @@ template <int D> struct Config {
     static constexpr int MAX_PARTS = (int)((bytes - 128) / (sizeof(float) * PART_FLOATS));
 };
 
-template <int D>
+template <typename Elem, int D>
 __global__ void __launch_bounds__(Config<D>::THREADS, MIN_BLOCKS)
-warp_specialized_forward(const __half *q, const __half *k, const __half *v, __half *o,
+warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o,
                          float *lse_log2, int S, float scale, int causal) {
     using L = Config<D>;
     constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
@@ -92,9 +94,9 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
     uint64_t *full = (uint64_t *)smem;         // [STAGES]: slot s holds a landed tile
     uint64_t *empty = full + STAGES;           // [STAGES]: every consumer is done with slot s
     uint64_t *q_full = empty + STAGES;         // Q has landed
-    __half *q_tile = (__half *)(smem + 128);   // [BLOCK_ROWS][D], swizzled
-    __half *k_ring = q_tile + BLOCK_ROWS * D;  // [STAGES][KEY_TILE][D], swizzled
-    __half *v_ring = k_ring + STAGES * L::TILE;
+    Elem *q_tile = (Elem *)(smem + 128);     // [BLOCK_ROWS][D], swizzled
+    Elem *k_ring = q_tile + BLOCK_ROWS * D;  // [STAGES][KEY_TILE][D], swizzled
+    Elem *v_ring = k_ring + STAGES * L::TILE;
 
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const size_t head = (size_t)head_index * S * D;
@@ -178,8 +180,8 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
 
     for (int tile = 0, my_next = share; tile < n_tiles; tile++) {
         const int slot = ring_wait_full<STAGES>(full, tile);
-        const __half *k_tile = k_ring + slot * L::TILE;
-        const __half *v_tile = v_ring + slot * L::TILE;
+        const Elem *k_tile = k_ring + slot * L::TILE;
+        const Elem *v_tile = v_ring + slot * L::TILE;
         const int k0 = tile * KEY_TILE;
 
         const bool mine = tile == my_next;  // this warp's share of the key tiles (all when not split)
@@ -202,8 +204,8 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
                     load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
 #pragma unroll
                     for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
-                        mma_m16n8k16(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
+                        mma_m16n8k16<Elem>(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
+                        mma_m16n8k16<Elem>(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
                     }
                 }
             }
@@ -255,10 +257,10 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
                 uint32_t p_frag[ROW_TILES][4];
 #pragma unroll
                 for (int m = 0; m < ROW_TILES; m++) {
-                    p_frag[m][0] = pack_half2(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
-                    p_frag[m][1] = pack_half2(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
-                    p_frag[m][2] = pack_half2(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
-                    p_frag[m][3] = pack_half2(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
+                    p_frag[m][0] = pack2<Elem>(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
+                    p_frag[m][1] = pack2<Elem>(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
+                    p_frag[m][2] = pack2<Elem>(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
+                    p_frag[m][3] = pack2<Elem>(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
                 }
 #pragma unroll
                 for (int n = 0; n < D / 16; n++) {
@@ -266,8 +268,8 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
                     load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
 #pragma unroll
                     for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
-                        mma_m16n8k16(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
+                        mma_m16n8k16<Elem>(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
+                        mma_m16n8k16<Elem>(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
                     }
                 }
             }
@@ -342,25 +344,25 @@ warp_specialized_forward(const __half *q, const __half *k, const __half *v, __ha
             if (query < rows_end && share == 0) {
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
-                    *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
-                        __floats2half2_rn(o_acc[m][j][2 * r] * inv, o_acc[m][j][2 * r + 1] * inv);
+                    *(uint32_t *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
+                        pack2<Elem>(o_acc[m][j][2 * r] * inv, o_acc[m][j][2 * r + 1] * inv);
                 if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[m][r] + log2f(l);
             }
         }
 }
 
-template <int D>
+template <typename Elem, int D>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     using L = Config<D>;
-    cudaError_t err = allow_dynamic_smem(warp_specialized_forward<D>, L::bytes);
+    cudaError_t err = allow_dynamic_smem(warp_specialized_forward<Elem, D>, L::bytes);
     if (err != cudaSuccess) return err;
     const int heads_total = s->batch * s->heads;
     for (int first = 0; first < heads_total;) {  // in chunks of heads (head_chunk)
         const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, L::BLOCK_ROWS));
         const size_t offset = (size_t)first * s->seq * D;
-        warp_specialized_forward<D><<<c.grid, L::THREADS, L::bytes, stream>>>(
-            (const __half *)t->q + offset, (const __half *)t->k + offset, (const __half *)t->v + offset,
-            (__half *)t->o + offset, workspace_lse(s, t) + (size_t)first * s->seq, s->seq, 1.0f / sqrtf((float)s->dim),
+        warp_specialized_forward<Elem, D><<<c.grid, L::THREADS, L::bytes, stream>>>(
+            (const Elem *)t->q + offset, (const Elem *)t->k + offset, (const Elem *)t->v + offset,
+            (Elem *)t->o + offset, workspace_lse(s, t) + (size_t)first * s->seq, s->seq, 1.0f / sqrtf((float)s->dim),
             s->causal);
         first += c.count;
     }
@@ -368,7 +370,10 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cu
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    return s->dim == 64 ? launch_forward<64>(s, t, stream) : launch_forward<128>(s, t, stream);
+    if (s->dtype == ATTN_BF16)
+        return s->dim == 64 ? launch_forward<__nv_bfloat16, 64>(s, t, stream)
+                            : launch_forward<__nv_bfloat16, 128>(s, t, stream);
+    return s->dim == 64 ? launch_forward<__half, 64>(s, t, stream) : launch_forward<__half, 128>(s, t, stream);
 }
 
 static size_t shared_bytes(const attn_shape *s) {
@@ -387,4 +392,5 @@ extern "C" const attn_stage STAGE = {
     .forward = forward,
     .backward = stage08_backward,
     .backward_scratch_bytes = stage08_backward_scratch_bytes,
+    .runs_bf16 = 1,
 };

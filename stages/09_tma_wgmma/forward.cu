@@ -8,8 +8,9 @@
 //     `full` mbarrier, on which the copy engine counts the bytes as they land, and an `empty` one,
 //     on which every consumer warp arrives when it is done with the slot.
 //   consumers (warpgroups 1 and 2, 64 query rows each): per key tile, S = Q Kᵀ with wgmma, both
-//     operands in shared memory; the mask and the online softmax in registers; P packed to fp16
-//     as wgmma's A operand from registers; O += P V with wgmma, V from shared memory.
+//     operands in shared memory; the mask and the online softmax in registers; P packed to the
+//     element type as wgmma's A operand from registers; O += P V with wgmma, V from shared memory.
+//     The tensors are fp16 or bf16 (Elem, common/elem.cuh), the products' type with them.
 // setmaxnreg moves registers from the producer (24 a thread, enough to issue copies) to the
 // consumers (240 a thread), which hold S, P and O in registers.
 // What changed from stage 08: TMA (one thread copies a whole box, in the async proxy) instead of a
@@ -31,12 +32,23 @@
 #define GROUP_ROWS 64                        // query rows per consumer warpgroup: one wgmma M
 #define BLOCK_ROWS (CONSUMERS * GROUP_ROWS)  // query rows per block
 #define KEY_TILE 128                         // keys per K or V tile
-#define SLAB 64                              // fp16 columns per 128-byte swizzled slab (one TMA box)
+#define SLAB 64                              // 2-byte columns per 128-byte swizzled slab (one TMA box)
 #define THREADS (128 * (CONSUMERS + 1))
+
+// The lesson's ladder (ladder.txt) turns these ideas on one at a time; both are on as built.
+#ifndef RING
+#define RING 1        // 0: one K slot and one V slot, so the producer cannot load ahead
+#endif
+#ifndef SETMAXNREG
+#define SETMAXNREG 1  // 0: every warpgroup keeps the kernel's 168 registers a thread
+#endif
+constexpr bool kRing = RING;
+constexpr bool kSetmaxnreg = SETMAXNREG;
+
 // Registers per thread after setmaxnreg: the producer keeps 24 of the block's 65,536.
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS 240
-static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+static_assert(!kSetmaxnreg || 128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 
 // The block's shared memory, every tile in the 128-byte swizzle as slabs of 64 columns:
 //   q_smem [D/64][BLOCK_ROWS][64], the block's query tile;
@@ -45,23 +57,23 @@ static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "r
 // 1024 bytes more to align the start to a swizzle atom. A K slot is free again early in a step, as
 // soon as S = Q Kᵀ is done, a V slot only at its end; at D = 128, two K slots and three V slots fit.
 template <int D> struct Layout {
-    static constexpr int K_SLOTS = D == 64 ? 4 : 2;
-    static constexpr int V_SLOTS = D == 64 ? 4 : 3;
+    static constexpr int K_SLOTS = !kRing ? 1 : D == 64 ? 4 : 2;
+    static constexpr int V_SLOTS = !kRing ? 1 : D == 64 ? 4 : 3;
     static constexpr int SLOTS = K_SLOTS + V_SLOTS;
     static constexpr int Q_ELEMS = BLOCK_ROWS * D;
     static constexpr int TILE_ELEMS = KEY_TILE * D;
     static constexpr size_t bytes =
-        1024 + sizeof(__half) * (Q_ELEMS + SLOTS * TILE_ELEMS) + sizeof(uint64_t) * (2 * SLOTS + 1);
+        1024 + ELEM_BYTES * (Q_ELEMS + SLOTS * TILE_ELEMS) + sizeof(uint64_t) * (2 * SLOTS + 1);
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
 // Pointers into the block's shared memory, in Layout's order.
-template <int D> struct SharedTiles {
-    __half *q_smem, *k_ring, *v_ring;
+template <typename Elem, int D> struct SharedTiles {
+    Elem *q_smem, *k_ring, *v_ring;
     uint64_t *k_full, *v_full, *k_empty, *v_empty, *q_full;
     __device__ explicit SharedTiles(unsigned char *smem_raw) {
         using L = Layout<D>;
-        q_smem = (__half *)smem_align_1024(smem_raw);
+        q_smem = (Elem *)smem_align_1024(smem_raw);
         k_ring = q_smem + L::Q_ELEMS;
         v_ring = k_ring + L::K_SLOTS * L::TILE_ELEMS;
         k_full = (uint64_t *)(v_ring + L::V_SLOTS * L::TILE_ELEMS), v_full = k_full + L::K_SLOTS;
@@ -85,16 +97,16 @@ __device__ __forceinline__ BlockWork block_work(int S, int causal) {
 
 // One tile of ROWS rows from row0 of a head into `tile`, one TMA load per 64-column slab. The
 // barrier is told the tile's bytes first; rows past S land as zeros and count as well.
-template <int ROWS, int D>
-__device__ __forceinline__ void load_tile(__half *tile, const CUtensorMap *map, int row0, int head, uint64_t *full) {
-    mbarrier_arrive_expect_tx(full, sizeof(__half) * ROWS * D);
+template <int ROWS, int D, typename Elem>
+__device__ __forceinline__ void load_tile(Elem *tile, const CUtensorMap *map, int row0, int head, uint64_t *full) {
+    mbarrier_arrive_expect_tx(full, ELEM_BYTES * ROWS * D);
     for (int c = 0; c < D / SLAB; c++) tma_load_3d(tile + c * ROWS * SLAB, map, c * SLAB, row0, head, full);
 }
 
 // The producer loop, one thread: Q once, then each key tile's K and V, each into a slot that every
 // consumer warp has released (ring_wait_empty). Key tile n is item n of both rings.
-template <int D>
-__device__ __forceinline__ void produce(const SharedTiles<D> &smem, const CUtensorMap *q_map,
+template <typename Elem, int D>
+__device__ __forceinline__ void produce(const SharedTiles<Elem, D> &smem, const CUtensorMap *q_map,
                                         const CUtensorMap *k_map, const CUtensorMap *v_map, const BlockWork &work) {
     using L = Layout<D>;
     load_tile<BLOCK_ROWS, D>(smem.q_smem, q_map, work.q0, work.head, smem.q_full);
@@ -110,26 +122,26 @@ __device__ __forceinline__ void produce(const SharedTiles<D> &smem, const CUtens
 
 // Issue S = Q Kᵀ (this warpgroup's 64 rows x 128 keys) as one wgmma group; both operands in shared
 // memory, K-major: step kk starts 32 bytes further into the 128-byte rows of slab kk / 4.
-template <int D>
-__device__ __forceinline__ void issue_qk(float (&s_acc)[KEY_TILE / 2], const __half *q_smem, const __half *k_tile,
+template <typename Elem, int D>
+__device__ __forceinline__ void issue_qk(float (&s_acc)[KEY_TILE / 2], const Elem *q_smem, const Elem *k_tile,
                                          int consumer) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_smem, consumer * GROUP_ROWS, kk),
+        wgmma_m64k16_ss<Elem, KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_smem, consumer * GROUP_ROWS, kk),
                                   desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
     wgmma_commit();
 }
 
-// Issue O += P V as one wgmma group: P (fp16) is the A operand straight from registers; V is
+// Issue O += P V as one wgmma group: P (Elem) is the A operand straight from registers; V is
 // N-major, so step kk (16 keys) starts 16 rows = 2 atoms further, its 64-column slabs a tile apart.
-template <int D>
+template <typename Elem, int D>
 __device__ __forceinline__ void issue_pv(float (&o_acc)[D / 2], const uint32_t (&p_frag)[KEY_TILE / 16][4],
-                                         const __half *v_tile) {
+                                         const Elem *v_tile) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KEY_TILE / 16; kk++)
-        wgmma_m64k16_rs<D, 1>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk), 1);
+        wgmma_m64k16_rs<Elem, D, 1>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk), 1);
     wgmma_commit();
 }
 
@@ -188,24 +200,24 @@ __device__ __forceinline__ void rescale_rows(float (&o_acc)[D / 2], const float 
 // The consumer loop: the block's key tiles in order, each step waiting for the one before. O is
 // rescaled only between products, while no wgmma writes it. A slot is released (one arrival per
 // warp) as soon as its last reader, S = Q Kᵀ for K and P V for V, has completed.
-template <int D>
+template <typename Elem, int D>
 __device__ __forceinline__ void attend(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
-                                       const SharedTiles<D> &smem, int n_tiles, int S, int causal, int first_query,
+                                       const SharedTiles<Elem, D> &smem, int n_tiles, int S, int causal, int first_query,
                                        int consumer, int g, int t, float scale_log2) {
     using L = Layout<D>;
     float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
-    uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
+    uint32_t p_frag[KEY_TILE / 16][4];    // P (Elem) as wgmma's A operand
     for (int tile = 0; tile < n_tiles; tile++) {
         const int k_slot = ring_wait_full<L::K_SLOTS, true>(smem.k_full, tile);
-        issue_qk<D>(s_acc, smem.q_smem, smem.k_ring + k_slot * L::TILE_ELEMS, consumer);
+        issue_qk<Elem, D>(s_acc, smem.q_smem, smem.k_ring + k_slot * L::TILE_ELEMS, consumer);
         wgmma_wait<0>();
         fence_operands<KEY_TILE / 2>(s_acc);
         mbarrier_arrive_warp(&smem.k_empty[k_slot]);
         softmax_step(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, first_query, g, t, scale_log2);
         rescale_rows<D>(o_acc, alpha);
-        pack_a_frags<KEY_TILE>(p_frag, s_acc);
+        pack_a_frags<Elem, KEY_TILE>(p_frag, s_acc);
         const int v_slot = ring_wait_full<L::V_SLOTS, true>(smem.v_full, tile);
-        issue_pv<D>(o_acc, p_frag, smem.v_ring + v_slot * L::TILE_ELEMS);
+        issue_pv<Elem, D>(o_acc, p_frag, smem.v_ring + v_slot * L::TILE_ELEMS);
         wgmma_wait<0>();
         fence_operands<D / 2>(o_acc);
         mbarrier_arrive_warp(&smem.v_empty[v_slot]);
@@ -216,8 +228,8 @@ __device__ __forceinline__ void attend(float (&o_acc)[D / 2], float (&row_max)[2
 // rows past S not stored. A row's sum l is the four shares of the lanes that hold it (4g..4g+3).
 // A row that saw no key (l = 0) is stored as zeros, not 0 / 0; with these masks every row below S
 // sees key 0 at least.
-template <int D>
-__device__ __forceinline__ void store_o(const float (&o_acc)[D / 2], const float (&row_sum)[2], __half *o_head, int S,
+template <typename Elem, int D>
+__device__ __forceinline__ void store_o(const float (&o_acc)[D / 2], const float (&row_sum)[2], Elem *o_head, int S,
                                         int first_query, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -229,20 +241,20 @@ __device__ __forceinline__ void store_o(const float (&o_acc)[D / 2], const float
         if (query < S)
 #pragma unroll
             for (int j = 0; j < D / 8; j++)
-                *(__half2 *)(o_head + (size_t)query * D + j * 8 + 2 * t) =
-                    __floats2half2_rn(o_acc[4 * j + 2 * r] * inv, o_acc[4 * j + 2 * r + 1] * inv);
+                *(uint32_t *)(o_head + (size_t)query * D + j * 8 + 2 * t) =
+                    pack2<Elem>(o_acc[4 * j + 2 * r] * inv, o_acc[4 * j + 2 * r + 1] * inv);
     }
 }
 
 // One block per query tile and head: the producer warpgroup feeds the rings, each consumer
 // warpgroup computes 64 rows of the tile.
-template <int D>
+template <typename Elem, int D>
 __global__ void __launch_bounds__(THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-              const __grid_constant__ CUtensorMap v_map, __half *o, int S, float scale, int causal) {
+              const __grid_constant__ CUtensorMap v_map, Elem *o, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
-    const SharedTiles<D> smem(smem_raw);
+    const SharedTiles<Elem, D> smem(smem_raw);
     // full[s]: the producer's expect_tx arrival and the bytes; empty[s]: one arrival per consumer
     // warp; q_full: once, for Q. Thread 0 sets them up, and the block syncs. v_full follows k_full
     // and v_empty follows k_empty in shared memory, so SLOTS = K_SLOTS + V_SLOTS covers both rings.
@@ -252,13 +264,13 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     if (threadIdx.x / 128 == 0) {
         // Producer. One thread is enough: a TMA instruction moves a whole 64-column slab. The whole
         // warpgroup executes setmaxnreg (it is .sync.aligned), so it comes before that thread's branch.
-        setmaxnreg_dec<PRODUCER_REGS>();
+        if constexpr (kSetmaxnreg) setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
-            produce<D>(smem, &q_map, &k_map, &v_map, work);
+            produce<Elem, D>(smem, &q_map, &k_map, &v_map, work);
         }
     } else {
-        setmaxnreg_inc<CONSUMER_REGS>();
+        if constexpr (kSetmaxnreg) setmaxnreg_inc<CONSUMER_REGS>();
         const int consumer = threadIdx.x / 128 - 1;
         const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         // Warp w of the warpgroup holds rows 16w .. 16w + 15 of its 64, in the mma.sync C layout.
@@ -268,33 +280,36 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         for (int e = 0; e < D / 2; e++) o_acc[e] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
         mbarrier_wait<true>(smem.q_full, 0);  // Q's first and only phase
-        attend<D>(o_acc, row_max, row_sum, smem, work.n_tiles, S, causal, first_query, consumer, g, t,
+        attend<Elem, D>(o_acc, row_max, row_sum, smem, work.n_tiles, S, causal, first_query, consumer, g, t,
                   scale * 1.4426950408889634f);
-        store_o<D>(o_acc, row_sum, o + (size_t)work.head * S * D, S, first_query, g, t);
+        store_o<Elem, D>(o_acc, row_sum, o + (size_t)work.head * S * D, S, first_query, g, t);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)o, (void)S, (void)scale, (void)causal;
 #endif
 }
 
-template <int D>
+template <typename Elem, int D>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     const int heads_total = s->batch * s->heads;
     CUtensorMap q_map, k_map, v_map;  // [B*H, S, D], boxes of a query or key tile's rows x 64 columns
-    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, BLOCK_ROWS);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
-    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D>, Layout<D>::bytes);
+    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, s->dtype, heads_total, s->seq, D, BLOCK_ROWS);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, s->dtype, heads_total, s->seq, D, KEY_TILE);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, s->dtype, heads_total, s->seq, D, KEY_TILE);
+    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<Elem, D>, Layout<D>::bytes);
     if (err != cudaSuccess) return err;
     // A one-dimensional grid (up to 2^31 - 1 blocks): any number of heads fits without chunks.
     const int blocks = ceil_div(s->seq, BLOCK_ROWS) * heads_total;
-    wgmma_forward<D><<<blocks, THREADS, Layout<D>::bytes, stream>>>(q_map, k_map, v_map, (__half *)t->o, s->seq,
-                                                                   1.0f / sqrtf((float)s->dim), s->causal);
+    wgmma_forward<Elem, D><<<blocks, THREADS, Layout<D>::bytes, stream>>>(q_map, k_map, v_map, (Elem *)t->o, s->seq,
+                                                                         1.0f / sqrtf((float)s->dim), s->causal);
     return cudaGetLastError();
 }
 
 static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    return s->dim == 128 ? launch_forward<128>(s, t, stream) : launch_forward<64>(s, t, stream);
+    if (s->dtype == ATTN_BF16)
+        return s->dim == 128 ? launch_forward<__nv_bfloat16, 128>(s, t, stream)
+                             : launch_forward<__nv_bfloat16, 64>(s, t, stream);
+    return s->dim == 128 ? launch_forward<__half, 128>(s, t, stream) : launch_forward<__half, 64>(s, t, stream);
 }
 
 extern "C" const attn_stage STAGE = {
@@ -306,4 +321,5 @@ extern "C" const attn_stage STAGE = {
     .shared_bytes = layout_shared_bytes<Layout>,
     .forward = forward,
     .needs_sm90a = 1,  // wgmma, setmaxnreg: compute capability 9.0 only
+    .runs_bf16 = 1,
 };

@@ -152,7 +152,7 @@ template <int D> struct BwdLayout {
     static constexpr int DQ_STAGE_ELEMS = kAtomicDq && kBulkReduceDq ? DQ_SLOTS * DQ_GROUP_TILES * DQ_TILE_ELEMS : 0;
     static constexpr int STATS_ELEMS = BWD_GROUPS * 2 * 2 * BWD_WALK;
     static constexpr size_t bytes = 1024 +
-                                    sizeof(__half) * (2 * OWN_ELEMS + 2 * STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
+                                    ELEM_BYTES * (2 * OWN_ELEMS + 2 * STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
                                     sizeof(float) * (DQ_STAGE_ELEMS + STATS_ELEMS) +
                                     sizeof(uint64_t) * (2 * STAGES + 1 + 2 * DQ_SLOTS);
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
@@ -183,20 +183,20 @@ __host__ __device__ inline void dq_stage_position(int vec, int *row, int *col) {
 // The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
 // (rows own0.., onto own_full) and then, for walked tile i = 0, 1, ..., rows walk0 + 64 i of the
 // two walked tensors into ring slot i % STAGES.
-struct BwdSmem {
-    __half *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [STAGES][tile]
-    __half *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
+template <typename Elem> struct BwdSmem {
+    Elem *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [STAGES][tile]
+    Elem *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
     float *dq_stage;                          // [DQ_SLOTS][DQ_GROUP_TILES][DQ_TILE_ELEMS] (atomic dQ)
     float *stats;                             // [BWD_GROUPS][2][2][BWD_WALK]: walked rows' lse, delta
     uint64_t *full, *empty, *own_full;
     uint64_t *dq_full, *dq_empty;             // [DQ_SLOTS] each: a slot staged, and added (atomic dQ)
 };
 
-template <int D>
-__device__ inline BwdSmem bwd_smem(unsigned char *raw) {
+template <typename Elem, int D>
+__device__ inline BwdSmem<Elem> bwd_smem(unsigned char *raw) {
     using L = BwdLayout<D>;
-    BwdSmem m;
-    m.own_a = (__half *)smem_align_1024(raw);
+    BwdSmem<Elem> m;
+    m.own_a = (Elem *)smem_align_1024(raw);
     m.own_b = m.own_a + L::OWN_ELEMS;
     m.walk_a = m.own_b + L::OWN_ELEMS;
     m.walk_b = m.walk_a + L::STAGES * L::WALK_ELEMS;
@@ -211,21 +211,21 @@ __device__ inline BwdSmem bwd_smem(unsigned char *raw) {
     return m;
 }
 
-template <int D>
-__device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, const CUtensorMap *own_b,
+template <typename Elem, int D>
+__device__ inline void bwd_produce(const BwdSmem<Elem> &m, const CUtensorMap *own_a, const CUtensorMap *own_b,
                                    const CUtensorMap *walk_a, const CUtensorMap *walk_b, int own0, int walk0,
                                    int n_tiles, int head_index) {
     using L = BwdLayout<D>;
     tma_prefetch_descriptor(own_a), tma_prefetch_descriptor(own_b);
     tma_prefetch_descriptor(walk_a), tma_prefetch_descriptor(walk_b);
-    mbarrier_arrive_expect_tx(m.own_full, 2 * sizeof(__half) * L::OWN_ELEMS);
+    mbarrier_arrive_expect_tx(m.own_full, 2 * ELEM_BYTES * L::OWN_ELEMS);
     for (int c = 0; c < D / 64; c++) {
         tma_load_3d(m.own_a + c * BWD_OWN * 64, own_a, c * 64, own0, head_index, m.own_full);
         tma_load_3d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, head_index, m.own_full);
     }
     for (int tile = 0; tile < n_tiles; tile++) {
         const int slot = ring_wait_empty<L::STAGES, true>(m.empty, tile);
-        mbarrier_arrive_expect_tx(&m.full[slot], 2 * sizeof(__half) * L::WALK_ELEMS);
+        mbarrier_arrive_expect_tx(&m.full[slot], 2 * ELEM_BYTES * L::WALK_ELEMS);
         for (int c = 0; c < D / 64; c++) {
             const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
             tma_load_3d(m.walk_a + dst, walk_a, c * 64, walk0 + tile * BWD_WALK, head_index, &m.full[slot]);
@@ -237,8 +237,8 @@ __device__ inline void bwd_produce(const BwdSmem &m, const CUtensorMap *own_a, c
 // This warp's 16 rows (row0..) of an owned tile as the A operands of the D/16 k steps of a
 // product over D: ldmatrix from the 128-byte swizzle, which inside a 64-column slab is stage 07's
 // swizzle<64>.
-template <int D>
-__device__ inline void load_own_frags(uint32_t frag[D / 16][4], const __half *own, int row0, int lane) {
+template <int D, typename Elem>
+__device__ inline void load_own_frags(uint32_t frag[D / 16][4], const Elem *own, int row0, int lane) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) load_a_frag<64>(frag[kk], own + (kk / 4) * BWD_OWN * 64, row0, (kk % 4) * 16, lane);
 }
@@ -247,11 +247,11 @@ __device__ inline void load_own_frags(uint32_t frag[D / 16][4], const __half *ow
 // S-like products (S and dP, or Sᵀ and dPᵀ, over D): with REGS (kOwnInRegisters) this warp's 16
 // rows are loaded into registers once, so that the tensor cores read only the walked tile;
 // without, every wgmma reads them from shared memory.
-template <int D, bool REGS> struct OwnOperands {
+template <typename Elem, int D, bool REGS> struct OwnOperands {
     uint32_t a_frag[REGS ? D / 16 : 1][4], b_frag[REGS ? D / 16 : 1][4];  // of own_a, own_b
     int group_row0;                                                       // the group's first row
 
-    __device__ OwnOperands(const BwdSmem &m, int group_row0_, int warp_row0, int lane) : group_row0(group_row0_) {
+    __device__ OwnOperands(const BwdSmem<Elem> &m, int group_row0_, int warp_row0, int lane) : group_row0(group_row0_) {
         if constexpr (REGS) {
             load_own_frags<D>(a_frag, m.own_a, group_row0 + warp_row0, lane);
             load_own_frags<D>(b_frag, m.own_b, group_row0 + warp_row0, lane);
@@ -260,20 +260,20 @@ template <int D, bool REGS> struct OwnOperands {
 
     // acc (64 x 64) = the group's rows of `own` (frag in registers) times walkᵀ, over D: both
     // K-major. Issued, not waited for.
-    __device__ void product(float acc[32], const uint32_t frag[][4], const __half *own, const __half *walk) const {
+    __device__ void product(float acc[32], const uint32_t frag[][4], const Elem *own, const Elem *walk) const {
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             if constexpr (REGS)
-                wgmma_m64n64k16_rs<0>(acc, frag[kk], desc_k_major<BWD_WALK>(walk, 0, kk), kk > 0);
+                wgmma_m64n64k16_rs<Elem, 0>(acc, frag[kk], desc_k_major<BWD_WALK>(walk, 0, kk), kk > 0);
             else
-                wgmma_m64k16_ss<BWD_WALK>(acc, desc_k_major<BWD_OWN>(own, group_row0, kk),
+                wgmma_m64k16_ss<Elem, BWD_WALK>(acc, desc_k_major<BWD_OWN>(own, group_row0, kk),
                                           desc_k_major<BWD_WALK>(walk, 0, kk), kk > 0);
         }
     }
 
     // The two S-like products of walked tile `tile`, once its slot is full, as two wgmma groups:
     // the exponentials of P can run while the tensor cores compute dP.
-    __device__ void issue_s_and_dp(float s_acc[32], float dp_acc[32], const BwdSmem &m, int tile) const {
+    __device__ void issue_s_and_dp(float s_acc[32], float dp_acc[32], const BwdSmem<Elem> &m, int tile) const {
         constexpr int STAGES = BwdLayout<D>::STAGES;
         const int slot = ring_wait_full<STAGES, true>(m.full, tile);
         wgmma_fence();
@@ -285,8 +285,8 @@ template <int D, bool REGS> struct OwnOperands {
 };
 
 // Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to a [S, D] matrix.
-template <int D>
-__device__ inline void store_rows(__half *dst, const float acc[D / 2], float factor, int row0, int S, int lane) {
+template <typename Elem, int D>
+__device__ inline void store_rows(Elem *dst, const float acc[D / 2], float factor, int row0, int S, int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -294,8 +294,8 @@ __device__ inline void store_rows(__half *dst, const float acc[D / 2], float fac
         if (row >= S) continue;
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
-            *(__half2 *)(dst + (size_t)row * D + j * 8 + 2 * t) =
-                __floats2half2_rn(acc[4 * j + 2 * r] * factor, acc[4 * j + 2 * r + 1] * factor);
+            *(uint32_t *)(dst + (size_t)row * D + j * 8 + 2 * t) =
+                pack2<Elem>(acc[4 * j + 2 * r] * factor, acc[4 * j + 2 * r + 1] * factor);
     }
 }
 
@@ -303,7 +303,8 @@ __device__ inline void store_rows(__half *dst, const float acc[D / 2], float fac
 // holds: frag[kk][i] is row g + 8 (i % 2) of the warp's 16, columns 16 kk + 8 (i / 2) + 2t, +1.
 // They go to a 128-byte-swizzled [rows][64] tile at the warp's first row (ds_row0): 16-byte chunk
 // c of row r at c ^ (r % 8), as TMA would have written it, so a wgmma descriptor can read it.
-__device__ inline void store_ds_frags(__half *ds_tile, int ds_row0, const uint32_t frag[BWD_WALK / 16][4], int lane) {
+template <typename Elem>
+__device__ inline void store_ds_frags(Elem *ds_tile, int ds_row0, const uint32_t frag[BWD_WALK / 16][4], int lane) {
     const int g = lane / 4, t = lane % 4;
     const uint32_t row_address = smem_address(ds_tile + (ds_row0 + g) * 64) + 4 * t;
 #pragma unroll
@@ -318,8 +319,8 @@ __device__ inline void store_ds_frags(__half *ds_tile, int ds_row0, const uint32
 // The dQ writer, one thread of the producer warpgroup: each staged tile of dQ is added to the
 // float dQ by one bulk reduction of 64 x D floats (the L2 does the adds), and its slot handed back
 // once it is read.
-template <int D>
-__device__ __forceinline__ void write_dq(const BwdSmem &m, float *dq_accum, int *dq_heads_done, int S, int head_index,
+template <typename Elem, int D>
+__device__ __forceinline__ void write_dq(const BwdSmem<Elem> &m, float *dq_accum, int *dq_heads_done, int S, int head_index,
                                          int first_tile, int n_tiles) {
     using L = BwdLayout<D>;
     grid_dependency_wait();  // backward_delta has zeroed the float dQ
@@ -346,8 +347,8 @@ __device__ __forceinline__ void write_dq(const BwdSmem &m, float *dq_accum, int 
 // has added the slot's last tile (write_dq), then is handed to the writer, which adds it to the
 // float dQ in global memory. Without, each thread adds its accumulators to the float dQ itself,
 // four floats per reduction, where the staged tile has them.
-template <int D, int DQ_COLS, bool PER_GROUP>
-__device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], const BwdSmem &m, float *dq_accum, int tile,
+template <typename Elem, int D, int DQ_COLS, bool PER_GROUP>
+__device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], const BwdSmem<Elem> &m, float *dq_accum, int tile,
                                          int first_tile, int head_index, int S, int consumer, int warp_row0,
                                          int dq_col0, int g, int t) {
     constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
@@ -379,9 +380,9 @@ __device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], con
 // The block's dK (times the softmax scale) and dV, once every walked tile is done. Through
 // shared memory by TMA stores (kTmaStoreDkDv), or by every thread from its registers.
 // BOTH_GROUPS: a group's dQ product has read the keys of both groups.
-template <int D, bool BOTH_GROUPS>
-__device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const float (&dv_acc)[D / 2], const BwdSmem &m,
-                                            const CUtensorMap *dk_map, const CUtensorMap *dv_map, __half *dk, __half *dv,
+template <typename Elem, int D, bool BOTH_GROUPS>
+__device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const float (&dv_acc)[D / 2], const BwdSmem<Elem> &m,
+                                            const CUtensorMap *dk_map, const CUtensorMap *dv_map, Elem *dk, Elem *dv,
                                             float scale, int S, int head_index, int k0, int consumer, int group_row0,
                                             int warp_row0, int warp_key0, int lane, int g, int t) {
     if constexpr (kTmaStoreDkDv) {
@@ -408,8 +409,8 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const 
         }
     } else {
         const size_t head = (size_t)head_index * S * D;
-        store_rows<D>(dk + head, dk_acc, scale, warp_key0, S, lane);
-        store_rows<D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
+        store_rows<Elem, D>(dk + head, dk_acc, scale, warp_key0, S, lane);
+        store_rows<Elem, D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
     }
 }
 
@@ -451,10 +452,10 @@ __device__ __forceinline__ void ds_t(float (&dpt_acc)[32], const float (&pt_acc)
 // about -11: dQ += dS K would turn that Inf times the zero row into NaN, so they are masked too.
 // With ATOMIC, dSᵀ also goes to shared memory (ds_tile, rows from ds_row0) before the wgmma that
 // reads dst_frag is issued (registers of an A operand must not be touched while it runs).
-template <bool ATOMIC, bool KEYS_PAST_S>
+template <typename Elem, bool ATOMIC, bool KEYS_PAST_S>
 __device__ __forceinline__ void pt_and_dst_frags(uint32_t (&pt_frag)[BWD_WALK / 16][4],
                                                  uint32_t (&dst_frag)[BWD_WALK / 16][4], float (&st_acc)[32],
-                                                 float (&dpt_acc)[32], __half *ds_tile, const float *col_lse,
+                                                 float (&dpt_acc)[32], Elem *ds_tile, const float *col_lse,
                                                  const float *col_delta, float scale_log2, bool diagonal, int warp_key0,
                                                  int q_start, int S, int ds_row0, int lane) {
     const int g = lane / 4, t = lane % 4;
@@ -462,8 +463,8 @@ __device__ __forceinline__ void pt_and_dst_frags(uint32_t (&pt_frag)[BWD_WALK / 
     wgmma_wait<0>();
     fence_operands<32>(dpt_acc);
     ds_t(dpt_acc, st_acc, col_delta, t);  // dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place of dPᵀ
-    pack_a_frags<BWD_WALK>(pt_frag, st_acc);
-    pack_a_frags<BWD_WALK>(dst_frag, dpt_acc);
+    pack_a_frags<Elem, BWD_WALK>(pt_frag, st_acc);
+    pack_a_frags<Elem, BWD_WALK>(dst_frag, dpt_acc);
     if constexpr (ATOMIC) {
         store_ds_frags(ds_tile, ds_row0, dst_frag, lane);
         fence_proxy_async_shared();
@@ -475,11 +476,11 @@ __device__ __forceinline__ void pt_and_dst_frags(uint32_t (&pt_frag)[BWD_WALK / 
 // dV += Pᵀ dO and dK += dSᵀ Q, each its own wgmma group. The keys' dSᵀ are in ds_tile (this
 // group's, or both groups' where BOTH_GROUPS); the other dSᵀ tile is written next, so this one is
 // free again once the groups have passed the next tile's barrier.
-template <int D, bool ATOMIC, int DQ_COLS, int DQ_KEYS, bool BOTH_GROUPS>
+template <typename Elem, int D, bool ATOMIC, int DQ_COLS, int DQ_KEYS, bool BOTH_GROUPS>
 __device__ __forceinline__ void issue_tile_products(float (&dq_acc)[DQ_COLS / 2], float (&dv_acc)[D / 2],
                                                     float (&dk_acc)[D / 2], const uint32_t (&pt_frag)[BWD_WALK / 16][4],
-                                                    const uint32_t (&dst_frag)[BWD_WALK / 16][4], const __half *ds_tile,
-                                                    const __half *k_cols, const __half *q_tile, const __half *do_tile,
+                                                    const uint32_t (&dst_frag)[BWD_WALK / 16][4], const Elem *ds_tile,
+                                                    const Elem *k_cols, const Elem *q_tile, const Elem *do_tile,
                                                     int dq_key0, int consumer) {
     wgmma_fence();
     if constexpr (ATOMIC) {
@@ -489,25 +490,25 @@ __device__ __forceinline__ void issue_tile_products(float (&dq_acc)[DQ_COLS / 2]
             named_barrier_sync(2 + consumer, 128);
 #pragma unroll
         for (int kk = 0; kk < DQ_KEYS / 16; kk++)
-            wgmma_m64k16_ss<DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile + dq_key0 * 64, kk),
+            wgmma_m64k16_ss<Elem, DQ_COLS, 1, 1>(dq_acc, desc_n_major<BWD_OWN>(ds_tile + dq_key0 * 64, kk),
                                         desc_n_major<BWD_OWN>(k_cols, kk), kk > 0);
         wgmma_commit();
     }
 #pragma unroll
     for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dV += Pᵀ dO
-        wgmma_m64k16_rs<D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);
+        wgmma_m64k16_rs<Elem, D, 1>(dv_acc, pt_frag[kk], desc_n_major<BWD_WALK>(do_tile, kk), 1);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dK += dSᵀ Q
-        wgmma_m64k16_rs<D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);
+        wgmma_m64k16_rs<Elem, D, 1>(dk_acc, dst_frag[kk], desc_n_major<BWD_WALK>(q_tile, kk), 1);
     wgmma_commit();
 }
 
 // A consumer warpgroup of backward_dk_dv: its 64 keys' dK and dV in registers over the walked
 // query tiles (with ATOMIC, dQ's share staged for the writer thread), then the epilogue.
-template <int D, bool ATOMIC, bool KEYS_PAST_S>
-__device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorMap *dk_map, const CUtensorMap *dv_map,
-                                               const float *lse_log2, const float *delta, __half *dk, __half *dv,
+template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
+__device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUtensorMap *dk_map, const CUtensorMap *dv_map,
+                                               const float *lse_log2, const float *delta, Elem *dk, Elem *dv,
                                                float *dq_accum, int S, float scale, int causal, int head_index, int k0,
                                                int first_tile, int n_tiles) {
     const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -541,12 +542,12 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorM
     constexpr bool kDqReadsBothGroups = ATOMIC && !kPerGroup;
     constexpr int DQ_COLS = kPerGroup ? D : D / 2, DQ_KEYS = kPerGroup ? 64 : BWD_OWN;
     const int dq_col0 = kPerGroup ? 0 : consumer * DQ_COLS, dq_key0 = kPerGroup ? group_row0 : 0;
-    const __half *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_key0 * 64 + dq_col0 % 64;
+    const Elem *k_cols = m.own_a + (dq_col0 / 64) * BWD_OWN * 64 + dq_key0 * 64 + dq_col0 % 64;
     float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dk_acc[i] = dv_acc[i] = 0.0f;
     mbarrier_wait<true>(m.own_full, 0);
-    const OwnOperands<D, kOwnInRegisters<D, true>> k_and_v(m, group_row0, warp_row0, lane);
+    const OwnOperands<Elem, D, kOwnInRegisters<D, true>> k_and_v(m, group_row0, warp_row0, lane);
 
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
     float st_acc[32], dpt_acc[32];
@@ -559,8 +560,8 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorM
     if (kOverlap) issue_st_dpt(0);
     for (int tile = 0; tile < n_tiles; tile++) {
         const int slot = tile % BwdLayout<D>::STAGES, q_start = (first_tile + tile) * BWD_WALK;
-        const __half *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
-        const __half *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
+        const Elem *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
+        const Elem *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
         // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and delta.
         // The group's barrier also orders the slot's reads two tiles ago before this write.
         float *col_lse = m.stats + (consumer * 2 + tile % 2) * 2 * BWD_WALK, *col_delta = col_lse + BWD_WALK;
@@ -572,12 +573,12 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorM
         fence_operands<32>(st_acc);
         if (kOverlap && tile > 0) release(tile - 1);
         uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
-        __half *ds_tile = m.ds + (tile % 2) * BwdLayout<D>::DS_ELEMS;
-        pt_and_dst_frags<ATOMIC, KEYS_PAST_S>(pt_frag, dst_frag, st_acc, dpt_acc, ds_tile, col_lse, col_delta, scale_log2,
+        Elem *ds_tile = m.ds + (tile % 2) * BwdLayout<D>::DS_ELEMS;
+        pt_and_dst_frags<Elem, ATOMIC, KEYS_PAST_S>(pt_frag, dst_frag, st_acc, dpt_acc, ds_tile, col_lse, col_delta, scale_log2,
                                               causal && q_start < k0 + BWD_OWN, warp_key0, q_start, S,
                                               group_row0 + warp_row0, lane);
         float dq_acc[DQ_COLS / 2];
-        issue_tile_products<D, ATOMIC, DQ_COLS, DQ_KEYS, kDqReadsBothGroups>(
+        issue_tile_products<Elem, D, ATOMIC, DQ_COLS, DQ_KEYS, kDqReadsBothGroups>(
             dq_acc, dv_acc, dk_acc, pt_frag, dst_frag, ds_tile, k_cols, q_tile, do_tile, dq_key0, consumer);
         if (kOverlap) {
             if (tile + 1 < n_tiles) issue_st_dpt(tile + 1);
@@ -586,7 +587,7 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorM
         if constexpr (ATOMIC) {
             wgmma_wait<2>();  // dQ; dV and dK still run
             fence_operands<DQ_COLS / 2>(dq_acc);
-            stage_dq<D, DQ_COLS, kPerGroup>(dq_acc, m, dq_accum, tile, first_tile, head_index, S, consumer, warp_row0,
+            stage_dq<Elem, D, DQ_COLS, kPerGroup>(dq_acc, m, dq_accum, tile, first_tile, head_index, S, consumer, warp_row0,
                                             dq_col0, g, t);
         }
         wgmma_wait<0>();
@@ -595,7 +596,7 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorM
     }
     wgmma_wait<0>();
     fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-    store_dk_dv<D, kDqReadsBothGroups>(dk_acc, dv_acc, m, dk_map, dv_map, dk, dv, scale, S, head_index, k0, consumer,
+    store_dk_dv<Elem, D, kDqReadsBothGroups>(dk_acc, dv_acc, m, dk_map, dv_map, dk, dv, scale, S, head_index, k0, consumer,
                                        group_row0, warp_row0, warp_key0, lane, g, t);
 }
 
@@ -605,16 +606,16 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem &m, const CUtensorM
 // S is not a multiple of BWD_OWN, so each head's last key block has keys past S to mask; chosen
 // per launch, as FlashAttention-2's Is_even_MN, so that the blocks of a length with no such keys
 // carry no test for them.
-template <int D, bool ATOMIC, bool KEYS_PAST_S>
+template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                const __grid_constant__ CUtensorMap dk_map, const __grid_constant__ CUtensorMap dv_map,
-               const float *lse_log2, const float *delta, __half *dk, __half *dv, float *dq_accum,
+               const float *lse_log2, const float *delta, Elem *dk, Elem *dv, float *dq_accum,
                int *dq_heads_done, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
-    const BwdSmem m = bwd_smem<D>(smem_raw);  // own: K, V; walked: Q, dO
+    const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: K, V; walked: Q, dO
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const int k0 = blockIdx.x * BWD_OWN;
     const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
@@ -628,12 +629,12 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
-            bwd_produce<D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
+            bwd_produce<Elem, D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
         if (ATOMIC && kBulkReduceDq && threadIdx.x == 32)
-            write_dq<D>(m, dq_accum, dq_heads_done, S, head_index, first_tile, n_tiles);
+            write_dq<Elem, D>(m, dq_accum, dq_heads_done, S, head_index, first_tile, n_tiles);
     } else {
         setmaxnreg_inc<240>();
-        dk_dv_consumer<D, ATOMIC, KEYS_PAST_S>(m, &dk_map, &dv_map, lse_log2, delta, dk, dv, dq_accum, S, scale, causal,
+        dk_dv_consumer<Elem, D, ATOMIC, KEYS_PAST_S>(m, &dk_map, &dv_map, lse_log2, delta, dk, dv, dq_accum, S, scale, causal,
                                                head_index, k0, first_tile, n_tiles);
     }
 #else
@@ -643,14 +644,14 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
 }
 
 // dQ for BWD_OWN queries per block; key tiles (K and V) stream through the ring.
-template <int D>
+template <typename Elem, int D>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
             const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-            const float *lse_log2, const float *delta, __half *dq, int S, float scale, int causal) {
+            const float *lse_log2, const float *delta, Elem *dq, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
-    const BwdSmem m = bwd_smem<D>(smem_raw);  // own: Q, dO; walked: K, V
+    const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: Q, dO; walked: K, V
     const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int q0 = q_block * BWD_OWN;
@@ -659,7 +660,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
-        if (threadIdx.x == 0) bwd_produce<D>(m, &q_map, &do_map, &k_map, &v_map, q0, 0, n_tiles, head_index);
+        if (threadIdx.x == 0) bwd_produce<Elem, D>(m, &q_map, &do_map, &k_map, &v_map, q0, 0, n_tiles, head_index);
     } else {
         setmaxnreg_inc<240>();
         const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -678,7 +679,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 #pragma unroll
         for (int i = 0; i < D / 2; i++) dq_acc[i] = 0.0f;
         mbarrier_wait<true>(m.own_full, 0);
-        const OwnOperands<D, kOwnInRegisters<D, false>> q_and_do(m, group_row0, warp_row0, lane);
+        const OwnOperands<Elem, D, kOwnInRegisters<D, false>> q_and_do(m, group_row0, warp_row0, lane);
 
         // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) of a walked tile.
         float s_acc[32], dp_acc[32];
@@ -689,7 +690,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         if (kCrossTileOverlap) issue_s_dp(0);
         for (int tile = 0; tile < n_tiles; tile++) {
             const int k0 = tile * BWD_WALK;
-            const __half *k_tile = m.walk_a + (tile % BwdLayout<D>::STAGES) * BwdLayout<D>::WALK_ELEMS;
+            const Elem *k_tile = m.walk_a + (tile % BwdLayout<D>::STAGES) * BwdLayout<D>::WALK_ELEMS;
             if (!kCrossTileOverlap) issue_s_dp(tile);
             // With the overlap the previous tile's dQ product is older than S: this waits for it
             // too, and its K and V slot is free.
@@ -712,11 +713,11 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s_acc[4 * j + e] *= dp_acc[4 * j + e] - row_delta[e / 2];
-            pack_a_frags<BWD_WALK>(ds_frag, s_acc);
+            pack_a_frags<Elem, BWD_WALK>(ds_frag, s_acc);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BWD_WALK / 16; kk++)  // dQ += dS K
-                wgmma_m64k16_rs<D, 1>(dq_acc, ds_frag[kk], desc_n_major<BWD_WALK>(k_tile, kk), 1);
+                wgmma_m64k16_rs<Elem, D, 1>(dq_acc, ds_frag[kk], desc_n_major<BWD_WALK>(k_tile, kk), 1);
             wgmma_commit();
             if (kCrossTileOverlap) {
                 if (tile + 1 < n_tiles) issue_s_dp(tile + 1);
@@ -728,7 +729,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         }
         wgmma_wait<0>();
         fence_operands<D / 2>(dq_acc);
-        store_rows<D>(dq + (size_t)head_index * S * D, dq_acc, scale, warp_query0, S, lane);
+        store_rows<Elem, D>(dq + (size_t)head_index * S * D, dq_acc, scale, warp_query0, S, lane);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq;
@@ -743,12 +744,12 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 // stores, coalesced); the padded rows past S are not stored. With kEarlyDqConversion it starts while
 // backward_dk_dv's last blocks still run, and waits until all key blocks of its head (BWD_OWN keys
 // each, as backward_dk_dv's grid has them) have counted themselves done in dq_heads_done.
-template <int D>
+template <typename Elem, int D>
 __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_accum, const int *dq_heads_done,
-                                                             __half *dq, int S, float scale) {
+                                                             Elem *dq, int S, float scale) {
     // Rows 16 bytes longer than D: the 8 rows a warp's fp16 pairs fall in start in other banks.
     constexpr int PITCH = D + 8;
-    __shared__ __align__(16) __half tile_rows[BWD_WALK * PITCH];
+    __shared__ __align__(16) Elem tile_rows[BWD_WALK * PITCH];
     const int tiles_per_head = ceil_div(S, BWD_WALK);
     const int head_index = blockIdx.x / tiles_per_head, row0 = blockIdx.x % tiles_per_head * BWD_WALK;
     const float4 *sums = (const float4 *)(dq_accum + (size_t)blockIdx.x * BWD_WALK * D);
@@ -771,11 +772,11 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
         int row, col;
         dq_stage_position<D>(i, &row, &col);
         const float4 x = __ldcg(&sums[i]);  // from L2, where the reductions were done
-        *(__half2 *)&tile_rows[row * PITCH + col] = __floats2half2_rn(x.x * scale, x.y * scale);
-        *(__half2 *)&tile_rows[(row + 8) * PITCH + col] = __floats2half2_rn(x.z * scale, x.w * scale);
+        *(uint32_t *)&tile_rows[row * PITCH + col] = pack2<Elem>(x.x * scale, x.y * scale);
+        *(uint32_t *)&tile_rows[(row + 8) * PITCH + col] = pack2<Elem>(x.z * scale, x.w * scale);
     }
     __syncthreads();
-    __half *head_dq = dq + (size_t)head_index * S * D;
+    Elem *head_dq = dq + (size_t)head_index * S * D;
     for (int i = threadIdx.x; i < BWD_WALK * D / 8; i += blockDim.x) {
         const int row = i / (D / 8), col = i % (D / 8) * 8;
         if (row0 + row < S)
@@ -804,22 +805,22 @@ struct BwdMaps {
     CUtensorMap dk, dv;
 };
 
-template <int D>
+template <typename Elem, int D>
 static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_tensors *t, const head_chunk &c) {
     const size_t offset = (size_t)c.first * s->seq * D;
-    const __half *tensors[4] = {(const __half *)t->q + offset, (const __half *)t->k + offset,
-                                (const __half *)t->v + offset, (const __half *)t->d_o + offset};
+    const Elem *tensors[4] = {(const Elem *)t->q + offset, (const Elem *)t->k + offset,
+                                (const Elem *)t->v + offset, (const Elem *)t->d_o + offset};
     cudaError_t err = cudaSuccess;
     for (int i = 0; i < 4 && err == cudaSuccess; i++) {
-        err = make_tensor_map_bhsd(&maps->own[i], tensors[i], c.count, s->seq, D, BWD_OWN);
-        if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->walk[i], tensors[i], c.count, s->seq, D, BWD_WALK);
+        err = make_tensor_map_bhsd(&maps->own[i], tensors[i], s->dtype, c.count, s->seq, D, BWD_OWN);
+        if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->walk[i], tensors[i], s->dtype, c.count, s->seq, D, BWD_WALK);
     }
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dk, (__half *)t->dk + offset, c.count, s->seq, D, 64);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dv, (__half *)t->dv + offset, c.count, s->seq, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dk, (Elem *)t->dk + offset, s->dtype, c.count, s->seq, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dv, (Elem *)t->dv + offset, s->dtype, c.count, s->seq, D, 64);
     return err;
 }
 
-template <int D>
+template <typename Elem, int D>
 static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     const int heads_total = s->batch * s->heads;
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
@@ -830,9 +831,9 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
     const size_t smem = BwdLayout<D>::bytes;
     const bool keys_past_s = s->seq % BWD_OWN != 0;
-    const auto dk_dv = keys_past_s ? backward_dk_dv<D, kAtomicDq, true> : backward_dk_dv<D, kAtomicDq, false>;
+    const auto dk_dv = keys_past_s ? backward_dk_dv<Elem, D, kAtomicDq, true> : backward_dk_dv<Elem, D, kAtomicDq, false>;
     if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, smem);
-    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<D>, smem);
+    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<Elem, D>, smem);
     const float scale = 1.0f / sqrtf((float)D);
     // After backward_delta, each kernel is a dependent launch (kDependentLaunch): its blocks set up
     // (barriers, the owned tiles' TMA loads) while the kernel before finishes, and wait for it
@@ -847,20 +848,20 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, BWD_OWN));
         const size_t offset = (size_t)first * s->seq * D, rows = (size_t)first * s->seq;
         BwdMaps maps;
-        err = make_bwd_maps<D>(&maps, s, t, c);
+        err = make_bwd_maps<Elem, D>(&maps, s, t, c);
         if (err == cudaSuccess)
             err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2],
-                         maps.walk[3], maps.dk, maps.dv, lse + rows, delta + rows, (__half *)t->dk + offset,
-                         (__half *)t->dv + offset, kAtomicDq ? dq_accum + first * dq_head_elems : NULL,
+                         maps.walk[3], maps.dk, maps.dv, lse + rows, delta + rows, (Elem *)t->dk + offset,
+                         (Elem *)t->dv + offset, kAtomicDq ? dq_accum + first * dq_head_elems : NULL,
                          kEarlyDqConversion ? dq_heads_done + first : NULL, s->seq, scale, s->causal);
         if (err == cudaSuccess && !kAtomicDq)
-            err = launch(backward_dq<D>, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
-                         maps.own[3], lse + rows, delta + rows, (__half *)t->dq + offset, s->seq, scale, s->causal);
+            err = launch(backward_dq<Elem, D>, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
+                         maps.own[3], lse + rows, delta + rows, (Elem *)t->dq + offset, s->seq, scale, s->causal);
         first += c.count;
     }
     if (err == cudaSuccess && kAtomicDq)
-        err = launch(backward_dq_unpermute<D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
-                     (const float *)dq_accum, (const int *)dq_heads_done, (__half *)t->dq, s->seq, scale);
+        err = launch(backward_dq_unpermute<Elem, D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
+                     (const float *)dq_accum, (const int *)dq_heads_done, (Elem *)t->dq, s->seq, scale);
     return err;
 }
 
@@ -876,5 +877,8 @@ size_t stage10_backward_shared_bytes(const attn_shape *s) {
 }
 
 cudaError_t stage10_backward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    return s->dim == 64 ? launch_backward<64>(s, t, stream) : launch_backward<128>(s, t, stream);
+    if (s->dtype == ATTN_BF16)
+        return s->dim == 64 ? launch_backward<__nv_bfloat16, 64>(s, t, stream)
+                            : launch_backward<__nv_bfloat16, 128>(s, t, stream);
+    return s->dim == 64 ? launch_backward<__half, 64>(s, t, stream) : launch_backward<__half, 128>(s, t, stream);
 }

@@ -42,6 +42,7 @@
 // query tile attend_overlapped or attend_in_order (the consumer loop, over online_softmax) and
 // store_query_tile (the epilogue); FwdRings lays out shared memory, and KvReader and
 // ring_wait_empty / ring_wait_full (common/mma_ptx.cuh) hold the rings' slot and phase arithmetic.
+// Like stage 09's, the kernels take fp16 or bf16 (Elem, common/elem.cuh).
 // Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); a
 // query tile's first S and softmax and its last P V still have nothing of the same warpgroup to
 // overlap with; where the schedule is static (D = 128, and D = 64 without a mask, with three
@@ -199,7 +200,7 @@ __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : 
 
 #define GROUP_ROWS 64  // one wgmma M per consumer warpgroup
 #define KEY_TILE 128
-#define SLAB 64        // fp16 columns per 128-byte swizzled slab
+#define SLAB 64        // 2-byte columns per 128-byte swizzled slab
 
 template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     static constexpr int GROUPS = GROUPS_;                         // consumer warpgroups
@@ -229,7 +230,7 @@ template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     // Q slot for the unit the DYNAMIC producer hands the consumers; 1024 spare bytes to align the
     // start to a swizzle atom.
     static constexpr size_t bytes_with(int q_stages) {
-        return 1024 + sizeof(__half) * (q_stages * Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
+        return 1024 + ELEM_BYTES * (q_stages * Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
                sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 2 * q_stages) + sizeof(int) * q_stages;
     }
     static constexpr size_t MAX_BYTES = 232448;  // a Hopper block's opt-in limit
@@ -243,25 +244,25 @@ template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
 // Issue S = Q Kᵀ (64 rows x 128 keys) as one wgmma group; both operands in shared memory, K-major:
 // step kk starts 32 bytes further into the 128-byte rows of slab kk / 4.
 // The Q rows are those of warpgroup q_group (its own, or the first's in a shared-out tile).
-template <int D, int BLOCK_ROWS>
-__device__ __forceinline__ void issue_qk(float (&s_acc)[KEY_TILE / 2], const __half *q_tile, const __half *k_tile,
+template <typename Elem, int D, int BLOCK_ROWS>
+__device__ __forceinline__ void issue_qk(float (&s_acc)[KEY_TILE / 2], const Elem *q_tile, const Elem *k_tile,
                                          int q_group) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        wgmma_m64k16_ss<KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, q_group * GROUP_ROWS, kk),
+        wgmma_m64k16_ss<Elem, KEY_TILE>(s_acc, desc_k_major<BLOCK_ROWS>(q_tile, q_group * GROUP_ROWS, kk),
                                   desc_k_major<KEY_TILE>(k_tile, 0, kk), kk > 0);
     wgmma_commit();
 }
 
-// Issue O += P V as one wgmma group: P (fp16) is the A operand straight from registers; V is
+// Issue O += P V as one wgmma group: P (Elem) is the A operand straight from registers; V is
 // N-major, so step kk (16 keys) starts 16 rows = 2 atoms further, its 64-column slabs a tile apart.
-template <int D>
+template <typename Elem, int D>
 __device__ __forceinline__ void issue_pv(float (&o_acc)[D / 2], const uint32_t (&p_frag)[KEY_TILE / 16][4],
-                                         const __half *v_tile) {
+                                         const Elem *v_tile) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KEY_TILE / 16; kk++) wgmma_m64k16_rs<D, 1>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk), 1);
+    for (int kk = 0; kk < KEY_TILE / 16; kk++) wgmma_m64k16_rs<Elem, D, 1>(o_acc, p_frag[kk], desc_n_major<KEY_TILE>(v_tile, kk), 1);
     wgmma_commit();
 }
 
@@ -407,10 +408,10 @@ struct Schedule {
 // shared-out tile's merge area (FwdLayout's order). full[s] / empty[s] hand K slot s over (K and V
 // have barriers of their own, so S = Q Kᵀ waits for K only); q_full[s] and q_empty[s] hand Q slot
 // s over, once per query tile (query tile n in slot n % Q_STAGES).
-template <int D, int GROUPS, bool SPLIT> struct FwdRings {
+template <typename Elem, int D, int GROUPS, bool SPLIT> struct FwdRings {
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    __half *q_ring, *k_ring, *v_ring;
-    __half *o_tile;  // [D/64][BLOCK_ROWS][64], if L::TMA_STORE
+    Elem *q_ring, *k_ring, *v_ring;
+    Elem *o_tile;  // [D/64][BLOCK_ROWS][64], if L::TMA_STORE
     float *merge;    // [GROUPS-1][MERGE_VALUES][128], if L::SPLIT
     uint64_t *k_full, *v_full, *k_empty, *v_empty, *q_full, *q_empty;
     // DYNAMIC: unit_slot[s], the unit whose Q the producer loads into slot s, written before its
@@ -422,7 +423,7 @@ template <int D, int GROUPS, bool SPLIT> struct FwdRings {
         // Rounded up on the integer value: every access goes through smem_address (PTX's shared
         // space), so the lost address space costs nothing here, unlike in the backward, which
         // loads and stores through these pointers in C++ (smem_align_1024).
-        q_ring = (__half *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+        q_ring = (Elem *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
         k_ring = q_ring + L::Q_STAGES * L::Q_ELEMS;
         v_ring = k_ring + L::K_STAGES * L::TILE_ELEMS;
         o_tile = v_ring + L::V_STAGES * L::TILE_ELEMS;
@@ -438,8 +439,8 @@ template <int D, int GROUPS, bool SPLIT> struct FwdRings {
 // into the Q ring, then each of its key tiles' K and V into their rings, each into a slot the
 // consumers have released (ring_wait_empty). One TMA load per 64-column slab; the copy engine
 // counts the bytes onto the slot's full barrier (mbarrier_arrive_expect_tx).
-template <int D, int GROUPS, bool SPLIT, bool DYNAMIC>
-__device__ __forceinline__ void produce(const FwdRings<D, GROUPS, SPLIT> &r, const CUtensorMap *q_map,
+template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
+__device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &r, const CUtensorMap *q_map,
                                         const CUtensorMap *k_map, const CUtensorMap *v_map,
                                         const Schedule &schedule, int S, int causal) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
@@ -461,19 +462,19 @@ __device__ __forceinline__ void produce(const FwdRings<D, GROUPS, SPLIT> &r, con
                 fetched = gridDim.x + atomicAdd(schedule.unit_counter, 1);
                 *(volatile int *)&r.unit_slot[q_slot] = unit;
             }
-            mbarrier_arrive_expect_tx(&r.q_full[q_slot], sizeof(__half) * L::Q_ELEMS);
+            mbarrier_arrive_expect_tx(&r.q_full[q_slot], ELEM_BYTES * L::Q_ELEMS);
             for (int c = 0; c < D / SLAB; c++)
                 tma_load_3d(r.q_ring + q_slot * L::Q_ELEMS + c * BLOCK_ROWS * SLAB, q_map, c * SLAB, q0, head_index,
                             &r.q_full[q_slot]);
             for (int tile = 0; tile < n_tiles; tile++, ring++) {
                 const int row = tile * KEY_TILE;
                 const int k_slot = ring_wait_empty<K_STAGES, true>(r.k_empty, ring);
-                mbarrier_arrive_expect_tx(&r.k_full[k_slot], sizeof(__half) * L::TILE_ELEMS);
+                mbarrier_arrive_expect_tx(&r.k_full[k_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
                     tma_load_3d(r.k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, k_map, c * SLAB, row,
                                 head_index, &r.k_full[k_slot]);
                 const int v_slot = ring_wait_empty<V_STAGES, true>(r.v_empty, ring);
-                mbarrier_arrive_expect_tx(&r.v_full[v_slot], sizeof(__half) * L::TILE_ELEMS);
+                mbarrier_arrive_expect_tx(&r.v_full[v_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
                     tma_load_3d(r.v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, v_map, c * SLAB, row,
                                 head_index, &r.v_full[v_slot]);
@@ -535,10 +536,10 @@ __device__ __forceinline__ void merge_shared_out_parts(float (&o_acc)[D / 2], fl
 // 2^(s_ij scale log2 e), which the backward reads). With up to two consumer warpgroups O goes
 // through the staging tile, and one thread of the warpgroup (o_storer) issues its TMA stores and
 // goes on; with three, every thread stores its rows of O from its registers.
-template <int D, int GROUPS, bool SPLIT>
+template <typename Elem, int D, int GROUPS, bool SPLIT>
 __device__ __forceinline__ void store_query_tile(const float (&o_acc)[D / 2], const float (&row_max)[2],
-                                                 const float (&row_sum)[2], const FwdRings<D, GROUPS, SPLIT> &rings,
-                                                 const CUtensorMap *o_map, __half *o, float *lse_log2, int S,
+                                                 const float (&row_sum)[2], const FwdRings<Elem, D, GROUPS, SPLIT> &rings,
+                                                 const CUtensorMap *o_map, Elem *o, float *lse_log2, int S,
                                                  int head_index, int q0, int first_query, int warp_row0, int consumer,
                                                  bool o_storer, int o_barrier, int g, int t) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
@@ -574,8 +575,8 @@ __device__ __forceinline__ void store_query_tile(const float (&o_acc)[D / 2], co
             if (query < S)
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
-                    *(__half2 *)(o + head + (size_t)query * D + j * 8 + 2 * t) = __floats2half2_rn(
-                        o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]);
+                    *(uint32_t *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
+                        pack2<Elem>(o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]);
         }
     }
 }
@@ -583,14 +584,14 @@ __device__ __forceinline__ void store_query_tile(const float (&o_acc)[D / 2], co
 // The consumer side of the K and V rings: the query tile in hand's key tile n is the rings' item
 // ring + n. k(n) and v(n) wait for its K or V to land; release_k(n) and release_v(n) hand the slot
 // back (one arrival per warp) once its last reader, S = Q Kᵀ or P V, has completed.
-template <int D, int GROUPS, bool SPLIT> struct KvReader {
+template <typename Elem, int D, int GROUPS, bool SPLIT> struct KvReader {
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    const FwdRings<D, GROUPS, SPLIT> &rings;
+    const FwdRings<Elem, D, GROUPS, SPLIT> &rings;
     int ring;  // K/V tiles of the block's earlier query tiles
-    __device__ const __half *k(int n) const {
+    __device__ const Elem *k(int n) const {
         return rings.k_ring + ring_wait_full<L::K_STAGES, true>(rings.k_full, ring + n) * L::TILE_ELEMS;
     }
-    __device__ const __half *v(int n) const {
+    __device__ const Elem *v(int n) const {
         return rings.v_ring + ring_wait_full<L::V_STAGES, true>(rings.v_full, ring + n) * L::TILE_ELEMS;
     }
     __device__ void release_k(int n) const { mbarrier_arrive_warp(&rings.k_empty[(ring + n) % L::K_STAGES]); }
@@ -600,26 +601,26 @@ template <int D, int GROUPS, bool SPLIT> struct KvReader {
 // The consumer loop of one query tile with the overlap inside the warpgroup (FlashAttention-3):
 // S of key tile n is issued before P V of tile n - 1, and the softmax of tile n runs while that
 // P V is on the tensor cores. Leaves O, the row max and the row sum for the epilogue.
-template <int D, int GROUPS, bool SPLIT>
+template <typename Elem, int D, int GROUPS, bool SPLIT>
 __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
-                                                 const KvReader<D, GROUPS, SPLIT> &kv, const __half *q_tile,
+                                                 const KvReader<Elem, D, GROUPS, SPLIT> &kv, const Elem *q_tile,
                                                  uint64_t *q_released, int n_tiles, int S, int causal,
                                                  int first_query, int consumer, const Turns<GROUPS> &turns, int g,
                                                  int t, float scale_log2) {
     constexpr int BLOCK_ROWS = FwdLayout<D, GROUPS, SPLIT>::BLOCK_ROWS;
     float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
-    uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
+    uint32_t p_frag[KEY_TILE / 16][4];    // P (Elem) as wgmma's A operand
     // Key tile 0's S and softmax first; then, per key tile n: issue S_n, then
     // P_{n-1} V_{n-1}; wait for S_n only (the older group) and run its softmax
     // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
     // tile n's alpha and pack P_n. O is never touched while a product writes it.
-    const __half *k_tile = kv.k(0);
+    const Elem *k_tile = kv.k(0);
     // kStagger: the second warpgroup's first S waits for the first's
     // (kStaggerBarrier), so the two softmaxes start a product apart.
     constexpr bool stagger = kStagger && !kPingPong && GROUPS == 2 && D == 128;
     if (stagger && consumer == 1) named_barrier_sync(kStaggerBarrier, 256);
     turns.take();
-    issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+    issue_qk<Elem, D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
     turns.pass();
     wgmma_wait<0>();
     if (stagger && consumer == 0) named_barrier_arrive(kStaggerBarrier, 256);
@@ -627,13 +628,13 @@ __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (
     kv.release_k(0);
     if (n_tiles == 1) mbarrier_arrive_warp(q_released);
     online_softmax(s_acc, row_max, row_sum, alpha, 0, S, causal, first_query, g, t, scale_log2);
-    pack_a_frags<KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
+    pack_a_frags<Elem, KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
     for (int tile = 1; tile < n_tiles; tile++) {
         k_tile = kv.k(tile);
-        const __half *v_tile = kv.v(tile - 1);
+        const Elem *v_tile = kv.v(tile - 1);
         turns.take();
-        issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
-        issue_pv<D>(o_acc, p_frag, v_tile);
+        issue_qk<Elem, D, BLOCK_ROWS>(s_acc, q_tile, k_tile, consumer);
+        issue_pv<Elem, D>(o_acc, p_frag, v_tile);
         turns.pass();
         wgmma_wait<1>();
         fence_operands<KEY_TILE / 2>(s_acc);
@@ -645,11 +646,11 @@ __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (
         fence_operands<D / 2>(o_acc);
         kv.release_v(tile - 1);
         rescale_rows<D>(o_acc, alpha);
-        pack_a_frags<KEY_TILE>(p_frag, s_acc);
+        pack_a_frags<Elem, KEY_TILE>(p_frag, s_acc);
     }
-    const __half *v_tile = kv.v(n_tiles - 1);
+    const Elem *v_tile = kv.v(n_tiles - 1);
     turns.take();
-    issue_pv<D>(o_acc, p_frag, v_tile);
+    issue_pv<Elem, D>(o_acc, p_frag, v_tile);
     turns.pass();
     wgmma_wait<0>();
     fence_operands<D / 2>(o_acc);
@@ -659,16 +660,16 @@ __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (
 // The consumer loop of one query tile in order: each step waits for the one before (S, softmax,
 // P V). In a shared-out tile (split) the warpgroups each walk the key tiles they own for the first
 // warpgroup's rows, and merge.
-template <int D, int GROUPS, bool SPLIT>
+template <typename Elem, int D, int GROUPS, bool SPLIT>
 __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
-                                                 const KvReader<D, GROUPS, SPLIT> &kv, const __half *q_tile,
+                                                 const KvReader<Elem, D, GROUPS, SPLIT> &kv, const Elem *q_tile,
                                                  uint64_t *q_released, int n_tiles, int S, int causal,
                                                  int first_query, int consumer, const Turns<GROUPS> &turns, int g,
                                                  int t, float scale_log2, bool split) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int BLOCK_ROWS = FwdLayout<D, GROUPS, SPLIT>::BLOCK_ROWS;
     float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
-    uint32_t p_frag[KEY_TILE / 16][4];    // P (fp16) as wgmma's A operand
+    uint32_t p_frag[KEY_TILE / 16][4];    // P (Elem) as wgmma's A operand
     // Each step waits for the one before: S, softmax, P V. A key tile this warpgroup
     // does not own (in a shared-out tile) is only waited for and released: its
     // slots are free once every warpgroup has arrived.
@@ -676,9 +677,9 @@ __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&r
     const int walk_query = first_query - (split ? consumer * GROUP_ROWS : 0);
     for (int tile = 0; tile < n_tiles; tile++) {
         const bool mine = !split || (tile + 1) % GROUPS == consumer;
-        const __half *k_tile = kv.k(tile);
+        const Elem *k_tile = kv.k(tile);
         turns.take();
-        if (mine) issue_qk<D, BLOCK_ROWS>(s_acc, q_tile, k_tile, q_group);
+        if (mine) issue_qk<Elem, D, BLOCK_ROWS>(s_acc, q_tile, k_tile, q_group);
         turns.pass();
         if (mine) {
             wgmma_wait<0>();
@@ -690,11 +691,11 @@ __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&r
             online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, walk_query, g,
                            t, scale_log2);
             rescale_rows<D>(o_acc, alpha);
-            pack_a_frags<KEY_TILE>(p_frag, s_acc);
+            pack_a_frags<Elem, KEY_TILE>(p_frag, s_acc);
         }
-        const __half *v_tile = kv.v(tile);
+        const Elem *v_tile = kv.v(tile);
         turns.take();
-        if (mine) issue_pv<D>(o_acc, p_frag, v_tile);
+        if (mine) issue_pv<Elem, D>(o_acc, p_frag, v_tile);
         turns.pass();
         if (mine) {
             wgmma_wait<0>();
@@ -705,16 +706,16 @@ __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&r
     if (split) merge_shared_out_parts<D, GROUPS, L::MERGE_VALUES>(o_acc, row_max, row_sum, kv.rings.merge, consumer);
 }
 
-template <int D, int GROUPS, bool SPLIT, bool DYNAMIC>
+template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __global__ void __launch_bounds__(FwdLayout<D, GROUPS, SPLIT>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, __half *o,
+              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Elem *o,
               float *lse_log2, int S, float scale, int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
-    const FwdRings<D, GROUPS, SPLIT> rings(smem_raw);
+    const FwdRings<Elem, D, GROUPS, SPLIT> rings(smem_raw);
     uint64_t *q_full = rings.q_full, *q_empty = rings.q_empty;
     // In the SPLIT build, read through a shuffle from lane 0: the compiler then knows the
     // warpgroup's index is the same in every thread of a warp, so the shared-out tile's branches
@@ -738,7 +739,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
-            produce<D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, causal);
+            produce<Elem, D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, causal);
         }
     } else {
         setmaxnreg_inc<L::CONSUMER_REGS>();
@@ -782,21 +783,21 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 for (int e = 0; e < D / 2; e++) o_acc[e] = 0.0f;
                 float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
                 const int q_slot = landed_q_slot(tiles_done);
-                const __half *q_tile = rings.q_ring + q_slot * L::Q_ELEMS;
+                const Elem *q_tile = rings.q_ring + q_slot * L::Q_ELEMS;
                 uint64_t *q_released = &q_empty[q_slot];
 
-                const KvReader<D, GROUPS, SPLIT> kv{rings, ring};
+                const KvReader<Elem, D, GROUPS, SPLIT> kv{rings, ring};
                 if constexpr (L::OVERLAP)
-                    attend_overlapped<D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
+                    attend_overlapped<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
                                                         causal, first_query, consumer, turns, g, t, scale_log2);
                 else
-                    attend_in_order<D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
+                    attend_in_order<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
                                                       causal, first_query, consumer, turns, g, t, scale_log2, split);
                 ring += n_tiles;
                 // In a shared-out tile the other warpgroups' rows are all past S: their epilogue
                 // below stores nothing.
 
-                store_query_tile<D, GROUPS, SPLIT>(o_acc, row_max, row_sum, rings, &o_map, o, lse_log2, S, head_index, q0,
+                store_query_tile<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, rings, &o_map, o, lse_log2, S, head_index, q0,
                                                    first_query, warp_row0, consumer, o_storer, o_barrier, g, t);
             }
         // The block's shared memory must outlive the last store's reads of it.
@@ -812,19 +813,19 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 #endif
 }
 
-template <int D, int GROUPS, bool SPLIT = false, bool DYNAMIC = false>
+template <typename Elem, int D, int GROUPS, bool SPLIT = false, bool DYNAMIC = false>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     const int heads_total = s->batch * s->heads;
     CUtensorMap q_map, k_map, v_map, o_map;  // O's box: one warpgroup's rows
-    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, heads_total, s->seq, D, L::BLOCK_ROWS);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, heads_total, s->seq, D, KEY_TILE);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, heads_total, s->seq, D, KEY_TILE);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&o_map, t->o, heads_total, s->seq, D, GROUP_ROWS);
-    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<D, GROUPS, SPLIT, DYNAMIC>, L::bytes);
+    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, s->dtype, heads_total, s->seq, D, L::BLOCK_ROWS);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, s->dtype, heads_total, s->seq, D, KEY_TILE);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, s->dtype, heads_total, s->seq, D, KEY_TILE);
+    if (err == cudaSuccess) err = make_tensor_map_bhsd(&o_map, t->o, s->dtype, heads_total, s->seq, D, GROUP_ROWS);
+    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
-    const size_t head_bytes = 2 * sizeof(__half) * (size_t)s->seq * D;  // its K and V
+    const size_t head_bytes = 2 * ELEM_BYTES * (size_t)s->seq * D;  // its K and V
     const int section_heads = (int)max((size_t)1, (size_t)SECTION_BYTES / head_bytes);
     Schedule schedule = {n_qblocks, heads_total, !DYNAMIC && kPersistent && s->causal && n_qblocks * heads_total > sms,
                          section_heads, NULL};
@@ -834,8 +835,8 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
         err = cudaMemsetAsync(schedule.unit_counter, 0, sizeof(int), stream);
         if (err != cudaSuccess) return err;
     }
-    wgmma_forward<D, GROUPS, SPLIT, DYNAMIC><<<blocks, L::THREADS, L::bytes, stream>>>(
-        q_map, k_map, v_map, o_map, (__half *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
+    wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC><<<blocks, L::THREADS, L::bytes, stream>>>(
+        q_map, k_map, v_map, o_map, (Elem *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
         schedule);
     return cudaGetLastError();
 }
@@ -855,21 +856,28 @@ static bool shares_out_last_tile(const attn_shape *s) {
            s->seq - (n_qblocks - 1) * rows <= GROUP_ROWS && n_qblocks <= SPLIT_MAX_TILES;
 }
 
+template <typename Elem>
+static cudaError_t forward_of_type(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
+    const int tiles_of_64_rows = ceil_div(s->seq, GROUP_ROWS) * s->batch * s->heads;
+    if (kSmallOneGroup && tiles_of_64_rows <= sms)  // every block an SM of its own
+        return s->dim == 128 ? launch_forward<Elem, 128, 1>(s, t, sms, stream)
+                             : launch_forward<Elem, 64, 1>(s, t, sms, stream);
+    if (s->dim == 128) return launch_forward<Elem, 128, 2>(s, t, sms, stream);
+    const int wide_tiles = ceil_div(s->seq, FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS) * s->batch * s->heads;
+    if (wide_by_mask(s) && wide_tiles >= sms)
+        return shares_out_last_tile(s) ? launch_forward<Elem, 64, CONSUMERS_D64, true>(s, t, sms, stream)
+                                       : launch_forward<Elem, 64, CONSUMERS_D64>(s, t, sms, stream);
+    if (kDynamicSchedule && s->causal) return launch_forward<Elem, 64, 2, false, true>(s, t, sms, stream);
+    return launch_forward<Elem, 64, 2>(s, t, sms, stream);
+}
+
 cudaError_t stage10_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    const int tiles_of_64_rows = ceil_div(s->seq, GROUP_ROWS) * s->batch * s->heads;
-    if (kSmallOneGroup && tiles_of_64_rows <= sms)  // every block an SM of its own
-        return s->dim == 128 ? launch_forward<128, 1>(s, t, sms, stream) : launch_forward<64, 1>(s, t, sms, stream);
-    if (s->dim == 128) return launch_forward<128, 2>(s, t, sms, stream);
-    const int wide_tiles = ceil_div(s->seq, FwdLayout<64, CONSUMERS_D64>::BLOCK_ROWS) * s->batch * s->heads;
-    if (wide_by_mask(s) && wide_tiles >= sms)
-        return shares_out_last_tile(s) ? launch_forward<64, CONSUMERS_D64, true>(s, t, sms, stream)
-                                       : launch_forward<64, CONSUMERS_D64>(s, t, sms, stream);
-    if (kDynamicSchedule && s->causal) return launch_forward<64, 2, false, true>(s, t, sms, stream);
-    return launch_forward<64, 2>(s, t, sms, stream);
+    return s->dtype == ATTN_BF16 ? forward_of_type<__nv_bfloat16>(s, t, sms, stream)
+                                 : forward_of_type<__half>(s, t, sms, stream);
 }
 
 // The most a block may ask for at this shape (which configuration runs depends on the GPU's SMs).
@@ -895,4 +903,5 @@ extern "C" const attn_stage STAGE = {
     .backward_scratch_bytes = stage10_backward_scratch_bytes,
     .forward_scratch_bytes = forward_scratch_bytes,
     .needs_sm90a = 1,  // wgmma, setmaxnreg: compute capability 9.0 only
+    .runs_bf16 = 1,
 };
