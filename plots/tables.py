@@ -296,18 +296,19 @@ def bf16_table(csv_path, stage):
     if not ratio:
         return None
     lowest = min(ratio, key=ratio.get)
+    seqs = [S for S in SEQS if any(k[1] == S for k in ratio)]
     table = []
     for direction in ("fwd", "bwd"):
         for D, c in sorted(CELLS, key=lambda cell: (cell[1], cell[0])):
-            if not any((direction, S, D, c) in ratio for S in SEQS):
+            if not any((direction, S, D, c) in ratio for S in seqs):
                 continue
             cells = [f"**{ratio[k]:.3f}**" if k == lowest else f"{ratio[k]:.3f}" if k in ratio else "-"
-                     for k in ((direction, S, D, c) for S in SEQS)]
+                     for k in ((direction, S, D, c) for S in seqs)]
             table.append([f"{'forward' if direction == 'fwd' else 'backward'}, D = {D}{' causal' if c else ''}"]
                          + cells)
     return [f"bf16 / fp16, TFLOP/s of {stage} in each type, timed one after the other in one run "
             f"(`{companion(csv_path, 'bf16')}`); the lowest in bold:", ""] + markdown_table(
-        ["bf16 / fp16"] + [f"S = {S}" for S in SEQS], table)
+        ["bf16 / fp16"] + [f"S = {S}" for S in seqs], table)
 
 
 def bf16_summary(csv_path):
