@@ -179,7 +179,7 @@ def test_autocast_runs_float32_inputs_in_fp16():
 @pytest.mark.parametrize("case, words", [
     ("fp32", "must be a float16"),
     ("strided", "must be contiguous"),
-    ("shapes", "of q's shape and device"),
+    ("shapes", "of q's type, shape and device"),
 ])
 def test_the_op_itself_checks_its_inputs(case, words):
     q, k, v = good()
