@@ -13,7 +13,9 @@
 // (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the
 // workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's. The
 // kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products' type and the roundings of
-// P and O differ.
+// P and O differ. The kernel, warp_specialized_forward, reads as named steps: produce (the producer
+// warp), then per key tile tile_scores, mask_scores, softmax_step and accumulate_pv (the
+// consumers), and merge_shares and store_rows at the end.
 // Limits: registers are given per kernel, not per role: the producer warp holds as many as a
 // consumer (sm_90a's setmaxnreg, stage 09, moves them), so an SM runs 7 consumer warps where
 // stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks pad one block of a head (with the mask
@@ -83,30 +85,32 @@ template <int D> struct Config {
     static constexpr int MAX_PARTS = (int)((bytes - 128) / (sizeof(float) * PART_FLOATS));
 };
 
-template <typename Elem, int D>
-__global__ void __launch_bounds__(Config<D>::THREADS, MIN_BLOCKS)
-warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o,
-                         float *lse_log2, int S, float scale, int causal) {
-    using L = Config<D>;
-    constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
-    constexpr int BLOCK_ROWS = L::BLOCK_ROWS;
-    extern __shared__ __align__(128) unsigned char smem[];
-    uint64_t *full = (uint64_t *)smem;         // [STAGES]: slot s holds a landed tile
-    uint64_t *empty = full + STAGES;           // [STAGES]: every consumer is done with slot s
-    uint64_t *q_full = empty + STAGES;         // Q has landed
-    Elem *q_tile = (Elem *)(smem + 128);     // [BLOCK_ROWS][D], swizzled
-    Elem *k_ring = q_tile + BLOCK_ROWS * D;  // [STAGES][KEY_TILE][D], swizzled
-    Elem *v_ring = k_ring + STAGES * L::TILE;
+// The block's shared memory, in Config's order: 128 bytes of mbarriers, then Q and the K/V ring.
+template <typename Elem, int D> struct FwdSmem {
+    uint64_t *full;   // [STAGES]: slot s holds a landed tile
+    uint64_t *empty;  // [STAGES]: every consumer is done with slot s
+    uint64_t *q_full; // Q has landed
+    Elem *q_tile;     // [BLOCK_ROWS][D], swizzled
+    Elem *k_ring;     // [STAGES][KEY_TILE][D], swizzled
+    Elem *v_ring;     // [STAGES][KEY_TILE][D], swizzled
+    __device__ explicit FwdSmem(unsigned char *smem) {
+        using L = Config<D>;
+        full = (uint64_t *)smem, empty = full + L::STAGES, q_full = empty + L::STAGES;
+        q_tile = (Elem *)(smem + 128), k_ring = q_tile + L::BLOCK_ROWS * D, v_ring = k_ring + L::STAGES * L::TILE;
+    }
+};
 
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
-    const size_t head = (size_t)head_index * S * D;
-    // The block's rows are [q0, rows_end); the rows of its tile from rows_end on are padding.
-    // Without a mask, block x owns rows [BLOCK_ROWS x, BLOCK_ROWS (x + 1)), every block walks all
-    // S keys, and the last block of a head is the padded one. With the mask, a block walks the
-    // keys up to its last row, and block 0 owns the last rows of the sequence (the longest walk,
-    // launched first); counted back from the end (kCausalFromEnd), the padded block is the one
-    // that starts at row 0 and walks the fewest key tiles, not the one that ends at row S and
-    // walks them all.
+// The block's rows are [q0, rows_end); the rows of its tile from rows_end on are padding. Without
+// a mask, block x owns rows [BLOCK_ROWS x, BLOCK_ROWS (x + 1)), every block walks all S keys, and
+// the last block of a head is the padded one. With the mask, a block walks the keys up to its
+// last row, and block 0 owns the last rows of the sequence (the longest walk, launched first);
+// counted back from the end (kCausalFromEnd), the padded block is the one that starts at row 0
+// and walks the fewest key tiles, not the one that ends at row S and walks them all.
+struct BlockRows {
+    int q0, rows_end, n_tiles;
+};
+template <int BLOCK_ROWS, int KEY_TILE>
+__device__ __forceinline__ BlockRows block_rows(int S, int causal) {
     const int q0 = !causal          ? blockIdx.x * BLOCK_ROWS
                    : kCausalFromEnd ? max(0, S - (int)(blockIdx.x + 1) * BLOCK_ROWS)
                                     : (gridDim.x - 1 - blockIdx.x) * BLOCK_ROWS;
@@ -114,241 +118,311 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o,
                          : kCausalFromEnd ? S - (int)blockIdx.x * BLOCK_ROWS
                                           : min(S, q0 + BLOCK_ROWS);
     // A block's keys end where its rows do: at S, or (with the mask) at its last row.
-    const int n_tiles = ceil_div(rows_end, KEY_TILE);
+    return {q0, rows_end, ceil_div(rows_end, KEY_TILE)};
+}
+
+// The producer warp's whole job: 32 lanes, 16 bytes per cp.async, zero-filling rows past the
+// block's rows or past S. Tile t goes to slot t % STAGES once the consumers have released the
+// slot's previous tile (ring_wait_empty, mma_ptx.cuh).
+template <typename Elem, int D>
+__device__ __forceinline__ void produce(const FwdSmem<Elem, D> &m, const Elem *q, const Elem *k, const Elem *v,
+                                        size_t head, BlockRows rows, int S, int lane) {
+    using L = Config<D>;
+    constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
+    for (int i = lane; i < L::BLOCK_ROWS * (D / 8); i += 32) {
+        const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+        const bool valid = rows.q0 + r < rows.rows_end;
+        cp_async_16(m.q_tile + swizzle<D>(r, c), q + head + (size_t)(valid ? rows.q0 + r : 0) * D + c, valid);
+    }
+    cp_async_mbarrier_arrive(m.q_full);
+    for (int tile = 0; tile < rows.n_tiles; tile++) {
+        const int slot = ring_wait_empty<STAGES>(m.empty, tile);
+        const int k0 = tile * KEY_TILE;
+        for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+            const bool valid = k0 + r < S;
+            const size_t src = head + (size_t)(valid ? k0 + r : 0) * D + c;
+            cp_async_16(m.k_ring + slot * L::TILE + swizzle<D>(r, c), k + src, valid);
+            cp_async_16(m.v_ring + slot * L::TILE + swizzle<D>(r, c), v + src, valid);
+        }
+        cp_async_mbarrier_arrive(&m.full[slot]);  // fires when this lane's copies have landed
+    }
+    cp_async_wait<0>();  // leave no copy in flight when the warp exits
+}
+
+// A consumer warp's running state for its ROW_TILES x 16 rows: O, and each row's max and sum.
+template <int D> struct RowState {
+    float o_acc[ROW_TILES][D / 8][4];
+    float row_max[ROW_TILES][2], row_sum[ROW_TILES][2];
+    __device__ RowState() {
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++) {
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) o_acc[m][j][0] = o_acc[m][j][1] = o_acc[m][j][2] = o_acc[m][j][3] = 0.0f;
+            row_max[m][0] = row_max[m][1] = -INFINITY;
+            row_sum[m][0] = row_sum[m][1] = 0.0f;
+        }
+    }
+};
+
+// S = Q Kᵀ for the warp's rows and one key tile, as stage 07.
+template <typename Elem, int D, int KEY_TILE>
+__device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], const Elem *q_tile,
+                                            const Elem *k_tile, int warp_row0, int lane) {
+#pragma unroll
+    for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+        for (int n = 0; n < KEY_TILE / 8; n++) s_acc[m][n][0] = s_acc[m][n][1] = s_acc[m][n][2] = s_acc[m][n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t q_frag[ROW_TILES][4];
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++) load_a_frag<D>(q_frag[m], q_tile, warp_row0 + 16 * m, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < KEY_TILE / 16; n++) {
+            uint32_t b[4];
+            load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++) {
+                mma_m16n8k16<Elem>(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
+                mma_m16n8k16<Elem>(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// -inf where a key is past S or, causal, after the query: only the tail tile and, when causal,
+// tiles reaching past the warp's first row (first_query) need it.
+template <int KEY_TILE>
+__device__ __forceinline__ void mask_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], int k0, int first_query, int S,
+                                            int causal, int g, int t) {
+    if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > first_query)) {
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+            for (int n = 0; n < KEY_TILE / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + n * 8 + 2 * t + (e & 1);
+                    const int query = first_query + 16 * m + g + (e < 2 ? 0 : 8);
+                    if (key >= S || (causal && key > query)) s_acc[m][n][e] = -INFINITY;
+                }
+    }
+}
+
+// The online softmax on the thread's rows (the 4 lanes of a quad share a row): S becomes P in
+// place, and O and the row sums are rescaled to the new row max.
+template <int D, int KEY_TILE>
+__device__ __forceinline__ void softmax_step(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], RowState<D> &st,
+                                             float scale_log2) {
+#pragma unroll
+    for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < KEY_TILE / 8; n++)
+                tile_max = fmaxf(tile_max, fmaxf(s_acc[m][n][2 * r], s_acc[m][n][2 * r + 1]));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            const float new_max = fmaxf(st.row_max[m][r], tile_max * scale_log2);
+            const float alpha = exp2f(st.row_max[m][r] - new_max);
+            st.row_max[m][r] = new_max;
+            float tile_sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < KEY_TILE / 8; n++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    s_acc[m][n][e] = exp2f(s_acc[m][n][e] * scale_log2 - new_max);
+                    tile_sum += s_acc[m][n][e];
+                }
+            st.row_sum[m][r] = st.row_sum[m][r] * alpha + tile_sum;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) st.o_acc[m][j][2 * r] *= alpha, st.o_acc[m][j][2 * r + 1] *= alpha;
+        }
+}
+
+// O += P V, P straight from the S accumulators, as stage 07.
+template <typename Elem, int D, int KEY_TILE>
+__device__ __forceinline__ void accumulate_pv(float (&o_acc)[ROW_TILES][D / 8][4],
+                                              const float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], const Elem *v_tile,
+                                              int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KEY_TILE / 16; kk++) {
+        uint32_t p_frag[ROW_TILES][4];
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++) {
+            p_frag[m][0] = pack2<Elem>(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
+            p_frag[m][1] = pack2<Elem>(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
+            p_frag[m][2] = pack2<Elem>(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
+            p_frag[m][3] = pack2<Elem>(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < D / 16; n++) {
+            uint32_t b[4];
+            load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++) {
+                mma_m16n8k16<Elem>(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
+                mma_m16n8k16<Elem>(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// In the padded block of a head only `working` warps have rows: S is rarely a multiple of 224.
+// Without the mask (kSplitPaddedBlock) the block splits its key tiles `splits` ways: warp w takes
+// the rows of warp w % working and every splits-th key tile from tile w / working (its share),
+// and share 0 merges the others' results (merge_shares). Warps left over, and all warps without
+// rows when not split, only hand the slots back: their math would keep the SM busy for nothing.
+struct WarpShare {
+    int working, splits, share, warp_row0;
+    bool split, has_rows;
+};
+template <int D>
+__device__ __forceinline__ WarpShare warp_share(BlockRows rows, int warp, int causal) {
+    using L = Config<D>;
+    WarpShare w;
+    w.working = min(CONSUMERS, ceil_div(rows.rows_end - rows.q0, WARP_ROWS));
+    w.split = kSplitPaddedBlock && !causal && w.working < CONSUMERS;
+    w.splits = w.split ? min(CONSUMERS / w.working, 1 + L::MAX_PARTS / w.working) : 1;
+    w.share = w.split ? warp / w.working : 0;
+    w.warp_row0 = (w.split ? warp % w.working : warp) * WARP_ROWS;
+    w.has_rows = rows.q0 + w.warp_row0 < rows.rows_end && w.share < w.splits;
+    return w;
+}
+
+// A split block's merge into share 0's registers: lane i of every warp of a row group holds the
+// same rows and columns. The first barrier frees Q and the ring for the partial results. Part of
+// share s (s >= 1): value e of a lane at [32 e + lane]; row tile m's values start at
+// e = m (D / 2 + 4): its O (index 4 j + i), then row max and row sum of its rows r = 0, 1.
+template <int D>
+__device__ __forceinline__ void merge_shares(RowState<D> &st, const WarpShare &w, unsigned char *smem, int warp,
+                                             int lane) {
+    using L = Config<D>;
+    float *parts = (float *)(smem + 128);  // [(share - 1) * working + row group][PART_FLOATS]
+    auto part_of = [&](int s) { return parts + ((s - 1) * w.working + warp % w.working) * L::PART_FLOATS + lane; };
+    named_barrier_sync(1, 32 * CONSUMERS);
+    if (w.has_rows && w.share > 0) {
+        float *mine_out = part_of(w.share);
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++) {
+            const int e0 = m * (D / 2 + 4);
+#pragma unroll
+            for (int j = 0; j < D / 8; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) mine_out[32 * (e0 + 4 * j + i)] = st.o_acc[m][j][i];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mine_out[32 * (e0 + D / 2 + 2 * r)] = st.row_max[m][r];
+                mine_out[32 * (e0 + D / 2 + 2 * r + 1)] = st.row_sum[m][r];
+            }
+        }
+    }
+    named_barrier_sync(1, 32 * CONSUMERS);
+    if (w.has_rows && w.share == 0)
+        for (int from = 1; from < w.splits; from++) {
+            // Tile 0 is share 0's, so its row max is finite; a share without tiles (-inf, 0, 0)
+            // adds nothing.
+            const float *theirs = part_of(from);
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++) {
+                const int e0 = m * (D / 2 + 4);
+                float own_factor[2], their_factor[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float their_max = theirs[32 * (e0 + D / 2 + 2 * r)];
+                    const float new_max = fmaxf(st.row_max[m][r], their_max);
+                    own_factor[r] = exp2f(st.row_max[m][r] - new_max);
+                    their_factor[r] = exp2f(their_max - new_max);
+                    st.row_max[m][r] = new_max;
+                    st.row_sum[m][r] = st.row_sum[m][r] * own_factor[r] + theirs[32 * (e0 + D / 2 + 2 * r + 1)] * their_factor[r];
+                }
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        st.o_acc[m][j][i] = st.o_acc[m][j][i] * own_factor[i / 2] + theirs[32 * (e0 + 4 * j + i)] * their_factor[i / 2];
+            }
+        }
+}
+
+// The epilogue: O / l, and the row's log-sum-exp in log2 units, log2 sum_j 2^(s_ij scale log2 e).
+template <typename Elem, int D>
+__device__ __forceinline__ void store_rows(const RowState<D> &st, Elem *o_head, float *lse_head, int first_query,
+                                           int rows_end, bool writes, int g, int t) {
+#pragma unroll
+    for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = st.row_sum[m][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = 1.0f / l;
+            const int query = first_query + 16 * m + g + 8 * r;
+            if (query < rows_end && writes) {
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    *(uint32_t *)(o_head + (size_t)query * D + j * 8 + 2 * t) =
+                        pack2<Elem>(st.o_acc[m][j][2 * r] * inv, st.o_acc[m][j][2 * r + 1] * inv);
+                if (t == 0) lse_head[query] = st.row_max[m][r] + log2f(l);
+            }
+        }
+}
+
+// The kernel: set up the ring, then the producer warp fills it and the consumer warps walk it.
+template <typename Elem, int D>
+__global__ void __launch_bounds__(Config<D>::THREADS, MIN_BLOCKS)
+warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o,
+                         float *lse_log2, int S, float scale, int causal) {
+    using L = Config<D>;
+    constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const FwdSmem<Elem, D> m(smem);
+    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const size_t head = (size_t)head_index * S * D;
+    const BlockRows rows = block_rows<L::BLOCK_ROWS, KEY_TILE>(S, causal);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbarrier_init(&full[s], 32);          // one arrival per producer lane
-            mbarrier_init(&empty[s], 32 * CONSUMERS);  // one arrival per consumer thread
+            mbarrier_init(&m.full[s], 32);              // one arrival per producer lane
+            mbarrier_init(&m.empty[s], 32 * CONSUMERS);  // one arrival per consumer thread
         }
-        mbarrier_init(q_full, 32);
+        mbarrier_init(m.q_full, 32);
     }
     __syncthreads();  // the only block-wide barrier: the mbarriers exist before anyone uses them
 
     if (warp == CONSUMERS) {
-        // Producer: 32 lanes, 16 bytes per cp.async. Tile t goes to slot t % STAGES once the
-        // consumers have released the slot's previous tile (ring_wait_empty, mma_ptx.cuh).
-        for (int i = lane; i < BLOCK_ROWS * (D / 8); i += 32) {
-            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-            const bool valid = q0 + r < rows_end;
-            cp_async_16(q_tile + swizzle<D>(r, c), q + head + (size_t)(valid ? q0 + r : 0) * D + c, valid);
-        }
-        cp_async_mbarrier_arrive(q_full);
-        for (int tile = 0; tile < n_tiles; tile++) {
-            const int slot = ring_wait_empty<STAGES>(empty, tile);
-            const int k0 = tile * KEY_TILE;
-            for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
-                const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-                const bool valid = k0 + r < S;
-                const size_t src = head + (size_t)(valid ? k0 + r : 0) * D + c;
-                cp_async_16(k_ring + slot * L::TILE + swizzle<D>(r, c), k + src, valid);
-                cp_async_16(v_ring + slot * L::TILE + swizzle<D>(r, c), v + src, valid);
-            }
-            cp_async_mbarrier_arrive(&full[slot]);  // fires when this lane's copies have landed
-        }
-        cp_async_wait<0>();  // leave no copy in flight when the warp exits
+        produce<Elem, D>(m, q, k, v, head, rows, S, lane);
         return;
     }
 
     // Consumers: stage 07's math, with waits on mbarriers instead of __syncthreads().
     const int g = lane / 4, t = lane % 4;
-    // In the padded block of a head only `working` warps have rows: S is rarely a multiple of 224.
-    // Without the mask (kSplitPaddedBlock) the block splits its key tiles `splits` ways: warp w
-    // takes the rows of warp w % working and every splits-th key tile from tile w / working (its
-    // share), and share 0 merges the others' results. Warps left over, and all warps without rows
-    // when not split, only hand the slots back: their math would keep the SM busy for nothing.
-    const int working = min(CONSUMERS, ceil_div(rows_end - q0, WARP_ROWS));
-    const bool split = kSplitPaddedBlock && !causal && working < CONSUMERS;
-    const int splits = split ? min(CONSUMERS / working, 1 + L::MAX_PARTS / working) : 1;
-    const int share = split ? warp / working : 0;
-    const int warp_row0 = (split ? warp % working : warp) * WARP_ROWS;
-    const int warp_last_query = q0 + warp_row0 + WARP_ROWS - 1;
-    const bool warp_has_rows = q0 + warp_row0 < rows_end && share < splits;
+    const WarpShare w = warp_share<D>(rows, warp, causal);
+    const int first_query = rows.q0 + w.warp_row0;
     const float scale_log2 = scale * 1.4426950408889634f;
-
-    float o_acc[ROW_TILES][D / 8][4];
-    float row_max[ROW_TILES][2], row_sum[ROW_TILES][2];
-#pragma unroll
-    for (int m = 0; m < ROW_TILES; m++) {
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) o_acc[m][j][0] = o_acc[m][j][1] = o_acc[m][j][2] = o_acc[m][j][3] = 0.0f;
-        row_max[m][0] = row_max[m][1] = -INFINITY;
-        row_sum[m][0] = row_sum[m][1] = 0.0f;
-    }
-    mbarrier_wait(q_full, 0);
-
-    for (int tile = 0, my_next = share; tile < n_tiles; tile++) {
-        const int slot = ring_wait_full<STAGES>(full, tile);
-        const Elem *k_tile = k_ring + slot * L::TILE;
-        const Elem *v_tile = v_ring + slot * L::TILE;
+    RowState<D> st;
+    mbarrier_wait(m.q_full, 0);
+    for (int tile = 0, my_next = w.share; tile < rows.n_tiles; tile++) {
+        const int slot = ring_wait_full<STAGES>(m.full, tile);
         const int k0 = tile * KEY_TILE;
-
         const bool mine = tile == my_next;  // this warp's share of the key tiles (all when not split)
-        if (mine) my_next += splits;
-        if (warp_has_rows && mine && (!causal || k0 <= warp_last_query)) {
-            // S = Q Kᵀ, as stage 07.
+        if (mine) my_next += w.splits;
+        if (w.has_rows && mine && (!causal || k0 <= first_query + WARP_ROWS - 1)) {
             float s_acc[ROW_TILES][KEY_TILE / 8][4];
-#pragma unroll
-            for (int m = 0; m < ROW_TILES; m++)
-#pragma unroll
-                for (int n = 0; n < KEY_TILE / 8; n++) s_acc[m][n][0] = s_acc[m][n][1] = s_acc[m][n][2] = s_acc[m][n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t q_frag[ROW_TILES][4];
-#pragma unroll
-                for (int m = 0; m < ROW_TILES; m++) load_a_frag<D>(q_frag[m], q_tile, warp_row0 + 16 * m, kk * 16, lane);
-#pragma unroll
-                for (int n = 0; n < KEY_TILE / 16; n++) {
-                    uint32_t b[4];
-                    load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
-#pragma unroll
-                    for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16<Elem>(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
-                        mma_m16n8k16<Elem>(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
-                    }
-                }
-            }
-
-            // Masks: only the tail tile and, when causal, tiles reaching past the warp's first row.
-            if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > q0 + warp_row0)) {
-#pragma unroll
-                for (int m = 0; m < ROW_TILES; m++)
-#pragma unroll
-                    for (int n = 0; n < KEY_TILE / 8; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int key = k0 + n * 8 + 2 * t + (e & 1);
-                            const int query = q0 + warp_row0 + 16 * m + g + (e < 2 ? 0 : 8);
-                            if (key >= S || (causal && key > query)) s_acc[m][n][e] = -INFINITY;
-                        }
-            }
-
-            // Online softmax on the thread's rows; the 4 lanes of a quad share a row.
-#pragma unroll
-            for (int m = 0; m < ROW_TILES; m++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float tile_max = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < KEY_TILE / 8; n++)
-                        tile_max = fmaxf(tile_max, fmaxf(s_acc[m][n][2 * r], s_acc[m][n][2 * r + 1]));
-                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-                    const float new_max = fmaxf(row_max[m][r], tile_max * scale_log2);
-                    const float alpha = exp2f(row_max[m][r] - new_max);
-                    row_max[m][r] = new_max;
-                    float tile_sum = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < KEY_TILE / 8; n++)
-#pragma unroll
-                        for (int e = 2 * r; e < 2 * r + 2; e++) {
-                            s_acc[m][n][e] = exp2f(s_acc[m][n][e] * scale_log2 - new_max);
-                            tile_sum += s_acc[m][n][e];
-                        }
-                    row_sum[m][r] = row_sum[m][r] * alpha + tile_sum;
-#pragma unroll
-                    for (int j = 0; j < D / 8; j++) o_acc[m][j][2 * r] *= alpha, o_acc[m][j][2 * r + 1] *= alpha;
-                }
-
-            // O += P V, P straight from the S accumulators, as stage 07.
-#pragma unroll
-            for (int kk = 0; kk < KEY_TILE / 16; kk++) {
-                uint32_t p_frag[ROW_TILES][4];
-#pragma unroll
-                for (int m = 0; m < ROW_TILES; m++) {
-                    p_frag[m][0] = pack2<Elem>(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
-                    p_frag[m][1] = pack2<Elem>(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
-                    p_frag[m][2] = pack2<Elem>(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
-                    p_frag[m][3] = pack2<Elem>(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int n = 0; n < D / 16; n++) {
-                    uint32_t b[4];
-                    load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
-#pragma unroll
-                    for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16<Elem>(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
-                        mma_m16n8k16<Elem>(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
-                    }
-                }
-            }
+            tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, m.k_ring + slot * L::TILE, w.warp_row0, lane);
+            mask_scores<KEY_TILE>(s_acc, k0, first_query, S, causal, g, t);
+            softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
+            accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, lane);
         }
         // Done reading the slot. Every thread arrives (its arrival releases its own reads), so
         // the slot is refilled only after each consumer thread has finished with it.
-        mbarrier_arrive(&empty[slot]);
+        mbarrier_arrive(&m.empty[slot]);
     }
-
-    if (split) {
-        // Merge the shares into share 0's registers: lane i of every warp of a row group holds the
-        // same rows and columns. The first barrier frees Q and the ring for the partial results.
-        // Part of share s (s >= 1): value e of a lane at [32 e + lane]; row tile m's values start at
-        // e = m (D / 2 + 4): its O (index 4 j + i), then row max and row sum of its rows r = 0, 1.
-        float *parts = (float *)(smem + 128);  // [(share - 1) * working + row group][PART_FLOATS]
-        auto part_of = [&](int s) { return parts + ((s - 1) * working + warp % working) * L::PART_FLOATS + lane; };
-        named_barrier_sync(1, 32 * CONSUMERS);
-        if (warp_has_rows && share > 0) {
-            float *mine_out = part_of(share);
-#pragma unroll
-            for (int m = 0; m < ROW_TILES; m++) {
-                const int e0 = m * (D / 2 + 4);
-#pragma unroll
-                for (int j = 0; j < D / 8; j++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) mine_out[32 * (e0 + 4 * j + i)] = o_acc[m][j][i];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    mine_out[32 * (e0 + D / 2 + 2 * r)] = row_max[m][r];
-                    mine_out[32 * (e0 + D / 2 + 2 * r + 1)] = row_sum[m][r];
-                }
-            }
-        }
-        named_barrier_sync(1, 32 * CONSUMERS);
-        if (warp_has_rows && share == 0)
-            for (int from = 1; from < splits; from++) {
-                // Tile 0 is share 0's, so its row max is finite; a share without tiles (-inf, 0, 0)
-                // adds nothing.
-                const float *theirs = part_of(from);
-#pragma unroll
-                for (int m = 0; m < ROW_TILES; m++) {
-                    const int e0 = m * (D / 2 + 4);
-                    float own_factor[2], their_factor[2];
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const float their_max = theirs[32 * (e0 + D / 2 + 2 * r)];
-                        const float new_max = fmaxf(row_max[m][r], their_max);
-                        own_factor[r] = exp2f(row_max[m][r] - new_max);
-                        their_factor[r] = exp2f(their_max - new_max);
-                        row_max[m][r] = new_max;
-                        row_sum[m][r] = row_sum[m][r] * own_factor[r] + theirs[32 * (e0 + D / 2 + 2 * r + 1)] * their_factor[r];
-                    }
-#pragma unroll
-                    for (int j = 0; j < D / 8; j++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++)
-                            o_acc[m][j][i] = o_acc[m][j][i] * own_factor[i / 2] + theirs[32 * (e0 + 4 * j + i)] * their_factor[i / 2];
-                }
-            }
-    }
-
-    // O / l, and the row's log-sum-exp in log2 units: log2 sum_j 2^(s_ij scale log2 e).
-#pragma unroll
-    for (int m = 0; m < ROW_TILES; m++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float l = row_sum[m][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = 1.0f / l;
-            const int query = q0 + warp_row0 + 16 * m + g + 8 * r;
-            if (query < rows_end && share == 0) {
-#pragma unroll
-                for (int j = 0; j < D / 8; j++)
-                    *(uint32_t *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
-                        pack2<Elem>(o_acc[m][j][2 * r] * inv, o_acc[m][j][2 * r + 1] * inv);
-                if (t == 0) lse_log2[(size_t)head_index * S + query] = row_max[m][r] + log2f(l);
-            }
-        }
+    if (w.split) merge_shares<D>(st, w, smem, warp, lane);
+    store_rows<Elem, D>(st, o + head, lse_log2 + (size_t)head_index * S, first_query, rows.rows_end, w.share == 0, g, t);
 }
 
 template <typename Elem, int D>
