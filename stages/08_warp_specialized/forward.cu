@@ -13,9 +13,9 @@
 // (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the
 // workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's. The
 // kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products' type and the roundings of
-// P and O differ. The kernel, warp_specialized_forward, reads as named steps: produce (the producer
-// warp), then per key tile tile_scores, mask_scores, softmax_step and accumulate_pv (the
-// consumers), and merge_shares and store_rows at the end.
+// P and O differ. The steps of warp_specialized_forward: produce (the producer warp), then per key
+// tile tile_scores, mask_scores, softmax_step and accumulate_pv (the consumers), and merge_shares
+// and store_rows at the end.
 // Limits: registers are given per kernel, not per role: the producer warp holds as many as a
 // consumer (sm_90a's setmaxnreg, stage 09, moves them), so an SM runs 7 consumer warps where
 // stage 07 runs 8 (D = 128) or 12 (D = 64); 224-row blocks pad one block of a head (with the mask

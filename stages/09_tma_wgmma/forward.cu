@@ -37,7 +37,7 @@
 
 // The lesson's ladder (ladder.txt) turns these ideas on one at a time; both are on as built.
 #ifndef RING
-#define RING 1        // 0: one K slot and one V slot, so the producer cannot load ahead
+#define RING 1        // 0: one K slot and one V slot, so the producer loads only the next K ahead
 #endif
 #ifndef SETMAXNREG
 #define SETMAXNREG 1  // 0: every warpgroup keeps the kernel's 168 registers a thread
@@ -45,17 +45,21 @@
 constexpr bool kRing = RING;
 constexpr bool kSetmaxnreg = SETMAXNREG;
 
-// Registers per thread after setmaxnreg: the producer keeps 24 of the block's 65,536.
+// Registers per thread after setmaxnreg. The block is launched with KERNEL_REGS a thread (ptxas'
+// most under __launch_bounds__(THREADS, 1)), and setmaxnreg only shares that pool out.
+#define KERNEL_REGS 168
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS 240
-static_assert(!kSetmaxnreg || 128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+static_assert(!kSetmaxnreg || 128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * KERNEL_REGS,
+              "setmaxnreg shares out the block's registers, no more");
 
 // The block's shared memory, every tile in the 128-byte swizzle as slabs of 64 columns:
 //   q_smem [D/64][BLOCK_ROWS][64], the block's query tile;
 //   k_ring [K_SLOTS][D/64][KEY_TILE][64] and v_ring [V_SLOTS][D/64][KEY_TILE][64];
 //   the mbarriers full[SLOTS] and empty[SLOTS] (K's slots, then V's) and q_full;
 // 1024 bytes more to align the start to a swizzle atom. A K slot is free again early in a step, as
-// soon as S = Q Kᵀ is done, a V slot only at its end; at D = 128, two K slots and three V slots fit.
+// soon as S = Q Kᵀ is done, a V slot only at its end; at D = 128 the block has two K slots and
+// three V slots, the rings stage 10 needs (a third K slot would fit too).
 template <int D> struct Layout {
     static constexpr int K_SLOTS = !kRing ? 1 : D == 64 ? 4 : 2;
     static constexpr int V_SLOTS = !kRing ? 1 : D == 64 ? 4 : 3;
@@ -134,7 +138,8 @@ __device__ __forceinline__ void issue_qk(float (&s_acc)[KEY_TILE / 2], const Ele
 }
 
 // Issue O += P V as one wgmma group: P (Elem) is the A operand straight from registers; V is
-// N-major, so step kk (16 keys) starts 16 rows = 2 atoms further, its 64-column slabs a tile apart.
+// N-major, so step kk (16 keys) starts 16 rows = 2 atoms further, its 64-column slabs one slab
+// (KEY_TILE x 64 elements) apart.
 template <typename Elem, int D>
 __device__ __forceinline__ void issue_pv(float (&o_acc)[D / 2], const uint32_t (&p_frag)[KEY_TILE / 16][4],
                                          const Elem *v_tile) {
@@ -172,8 +177,9 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[KEY_TILE / 2], float
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
-        // While a row has seen no key, its max is -inf: subtract 0 instead, since -inf - -inf is
-        // NaN. Its alpha and P are then 2^-inf = 0, and its sum stays 0.
+        // Every row sees key 0 in the first tile, so its max is finite from then on. Were a row to
+        // see no key, its max would be -inf, and -inf - -inf is NaN: subtract 0 instead, so that
+        // its alpha and P are 2^-inf = 0 and its sum stays 0.
         const float base = new_max == -INFINITY ? 0.0f : new_max;
         alpha[r] = exp2f(row_max[r] - base);
         row_max[r] = new_max;
@@ -298,7 +304,7 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cu
     if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, s->dtype, heads_total, s->seq, D, KEY_TILE);
     if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<Elem, D>, Layout<D>::bytes);
     if (err != cudaSuccess) return err;
-    // A one-dimensional grid (up to 2^31 - 1 blocks): any number of heads fits without chunks.
+    // A one-dimensional grid (up to 2^31 - 1 blocks) holds any number of heads.
     const int blocks = ceil_div(s->seq, BLOCK_ROWS) * heads_total;
     wgmma_forward<Elem, D><<<blocks, THREADS, Layout<D>::bytes, stream>>>(q_map, k_map, v_map, (Elem *)t->o, s->seq,
                                                                          1.0f / sqrtf((float)s->dim), s->causal);
