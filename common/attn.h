@@ -23,7 +23,23 @@ typedef struct {
     int dim;     // D, head dimension
     int causal;  // 1: query i sees keys 0..i only
     int dtype;   // attn_dtype: fp16 (every stage) or bf16 (the stages whose table says so)
+    // K and V may have fewer heads and another length than Q (the stages whose table says so); 0
+    // means as many as Q. K and V are then [B, kv_heads, kv_seq, D], and so are dK and dV.
+    int kv_heads;  // a divisor of heads: query head h reads K/V head h / (heads / kv_heads)
+    int kv_seq;    // keys per head, any value >= 1 (a KV cache, cross-attention). With `causal`,
+                   // aligned bottom-right as FlashAttention does: query i sees keys 0..i + kv_seq -
+                   // seq, so causal needs kv_seq >= seq (every query then sees at least one key)
 } attn_shape;
+
+static inline int attn_kv_heads(const attn_shape *s) { return s->kv_heads ? s->kv_heads : s->heads; }
+static inline int attn_kv_seq(const attn_shape *s) { return s->kv_seq ? s->kv_seq : s->seq; }
+// Query heads per K/V head, and how many keys past its own index a causal query sees.
+static inline int attn_group(const attn_shape *s) { return s->heads / attn_kv_heads(s); }
+static inline int attn_causal_offset(const attn_shape *s) { return attn_kv_seq(s) - s->seq; }
+// Whether K and V differ from Q in heads or length (grouped-query attention, a KV cache).
+static inline int attn_kv_differs(const attn_shape *s) {
+    return attn_kv_heads(s) != s->heads || attn_kv_seq(s) != s->seq;
+}
 
 typedef struct {
     const void *q, *k, *v;  // device, [B, H, S, D] of shape->dtype, as are all the tensors below
@@ -83,21 +99,30 @@ typedef struct attn_stage {
     // 1 when the kernels take bf16 tensors as well as fp16 (shape->dtype); the harness refuses
     // bf16 for the other stages.
     int runs_bf16 ATTN_OPTIONAL;
+    // 1 when the kernels take K and V with fewer heads or another length than Q (kv_heads,
+    // kv_seq); the harness refuses such shapes for the other stages.
+    int runs_gqa ATTN_OPTIONAL;
 } attn_stage;
 
 // Defined by the stage being built into this executable.
 extern const attn_stage STAGE;
 
-// Elements in one of Q, K, V, O.
+// Elements in one of Q, O (and dQ).
 static inline size_t attn_elems(const attn_shape *s) {
     return (size_t)s->batch * s->heads * s->seq * s->dim;
 }
+// Elements in one of K, V (and dK, dV).
+static inline size_t attn_kv_elems(const attn_shape *s) {
+    return (size_t)s->batch * attn_kv_heads(s) * attn_kv_seq(s) * s->dim;
+}
 
-// FLOPs of the forward pass by the usual convention: two S x S x D matrix products (QK^T, PV) at
-// 2 FLOPs per multiply-add, halved for causal. Softmax and masked-out work are not counted.
+// FLOPs of the forward pass by the usual convention: two S x S_kv x D matrix products (QK^T, PV)
+// at 2 FLOPs per multiply-add, for causal times the share of the query-key pairs the mask keeps,
+// 1 - S / (2 S_kv) (one half where S_kv = S). Softmax and masked-out work are not counted.
 static inline double attn_forward_flops(const attn_shape *s) {
-    double f = 4.0 * s->batch * s->heads * (double)s->seq * s->seq * s->dim;
-    return s->causal ? 0.5 * f : f;
+    const double kv_seq = attn_kv_seq(s);
+    double f = 4.0 * s->batch * s->heads * (double)s->seq * kv_seq * s->dim;
+    return s->causal ? (1.0 - s->seq / (2.0 * kv_seq)) * f : f;
 }
 
 // The backward pass does five S x S x D products (S and dP recomputed, dV, dK, dQ) against the

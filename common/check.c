@@ -130,7 +130,7 @@ static void add_row(check_result *r, const row_errors *e, size_t base, double *e
 
 check_result check_output(const attn_shape *shape, const float *q, const float *k, const float *v,
                           const uint16_t *out) {
-    const int B = shape->batch, H = shape->heads, S = shape->seq, D = shape->dim;
+    const int B = shape->batch, H = shape->heads, S = shape->seq, D = shape->dim, S_kv = attn_kv_seq(shape);
     const size_t n = attn_elems(shape);
     check_result r = {0};
     r.first_bad = (size_t)-1;
@@ -139,7 +139,7 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
     scan_output(out, n, shape->dtype, &r);
 
     // 2. Which rows to compare.
-    const double macs_per_row = (double)S * D;
+    const double macs_per_row = (double)S_kv * D;
     const double total_macs = (double)B * H * S * macs_per_row;
     int rows_per_head = S;
     r.full = total_macs <= CHECK_FULL_MACS;
@@ -155,13 +155,13 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
     double err_sq = 0.0, ref_sq = 0.0;
     OMP_PARALLEL
     {
-        // Scratch of 2 S doubles, then the row, its worst and its rss terms (D each).
-        double *scratch = malloc(sizeof(double) * (2 * (size_t)S + 3 * (size_t)D));
+        // Scratch of 2 S_kv doubles, then the row, its worst and its rss terms (D each).
+        double *scratch = malloc(sizeof(double) * (2 * (size_t)S_kv + 3 * (size_t)D));
         if (!scratch) {
             fprintf(stderr, "check: out of host memory\n");
             exit(1);
         }
-        double *ref_row = scratch + 2 * (size_t)S, *worst = ref_row + D, *rss = worst + D;
+        double *ref_row = scratch + 2 * (size_t)S_kv, *worst = ref_row + D, *rss = worst + D;
         OMP_FOR_DYNAMIC
         for (long long t = 0; t < tasks; t++) {
             const int bh = (int)(t / rows_per_head), i = (int)(t % rows_per_head);
@@ -224,9 +224,9 @@ void check_print_verdict(const char *label, const attn_shape *shape, const check
 // ---------------------------------------------------------------------------------------------
 // Backward: dQ, dK, dV.
 
-// Which heads the backward check visits: all of them when their statistics fit the budget,
-// otherwise an evenly spaced subset that always includes the first and the last head (so a wrong
-// batch or head offset still shows).
+// Which K/V heads the backward check visits: all of them when their statistics fit the budget,
+// otherwise an evenly spaced subset that always includes the first and the last (so a wrong batch
+// or head offset still shows).
 static int pick_head(int heads_total, int heads_checked, int i) {
     if (heads_checked >= heads_total) return i;
     if (heads_checked == 1) return heads_total - 1;
@@ -235,19 +235,19 @@ static int pick_head(int heads_total, int heads_checked, int i) {
 
 typedef struct {
     int tensor;  // 0 dQ, 1 dK, 2 dV
-    int bh, row;
+    int bh, row; // the head (a query head for dQ, a K/V head for dK and dV) and the row in it
 } grad_row;
 
-// What one head's check works in: the head's lse, δ_i and δ_i's error terms (S each), and for each
-// checked row of dQ, dK and dV its grad_row, reference, worst and rss terms (D each).
+// What one K/V head's check works in: for each of its G = H / H_kv query heads that head's lse,
+// δ_i and δ_i's error terms (4 S each), and for each checked row of dQ (G rows_q of them), dK and
+// dV (rows_kv each) its grad_row, reference, worst and rss terms (D each).
 typedef struct {
     double *stats, *ref;
     grad_row *rows;
 } head_scratch;
 
-static head_scratch head_scratch_alloc(int S, int D, int rows_per_head) {
-    const size_t n_rows = 3 * (size_t)rows_per_head;
-    head_scratch h = {malloc(sizeof(double) * 4 * (size_t)S), malloc(sizeof(double) * 3 * n_rows * D),
+static head_scratch head_scratch_alloc(int S, int D, int group, size_t n_rows) {
+    head_scratch h = {malloc(sizeof(double) * 4 * (size_t)group * S), malloc(sizeof(double) * 3 * n_rows * D),
                       malloc(sizeof(grad_row) * n_rows)};
     if (!h.stats || !h.ref || !h.rows) {
         fprintf(stderr, "check: out of host memory\n");
@@ -262,39 +262,58 @@ static void head_scratch_free(head_scratch *h) {
     free(h->rows);
 }
 
-// Checks head bh's rows (all of them with `full`, else rows_per_head sampled ones) of dQ, dK and
-// dV, adding them to r[] and the squared sums one thread at a time. Its row loop runs on every
-// thread when called from one thread, on the calling thread alone inside a parallel region.
+// Checks K/V head kv_bh: rows of dQ of each query head that reads it, and rows of its dK and dV
+// (all of them with `full`, else rows_q and rows_kv sampled ones), adding them to r[] and the
+// squared sums one thread at a time. Its row loop runs on every thread when called from one
+// thread, on the calling thread alone inside a parallel region.
 static void check_backward_head(const attn_shape *shape, const float *q, const float *k, const float *v,
-                                const float *d_o, const uint16_t *const grads[3], int bh, int full,
-                                int rows_per_head, head_scratch *h, check_result *r[3], double err_sq[3],
+                                const float *d_o, const uint16_t *const grads[3], int kv_bh, int full, int rows_q,
+                                int rows_kv, head_scratch *h, check_result *r[3], double err_sq[3],
                                 double ref_sq[3]) {
-    const int H = shape->heads, S = shape->seq, D = shape->dim, b = bh / H, hd = bh % H;
-    const size_t n_rows = 3 * (size_t)rows_per_head;
-    double *lse = h->stats, *delta = h->stats + S;
-    const reference_error delta_err = {h->stats + 2 * (size_t)S, h->stats + 3 * (size_t)S};
+    const int H_kv = attn_kv_heads(shape), S = shape->seq, S_kv = attn_kv_seq(shape), D = shape->dim;
+    const int group = attn_group(shape), b = kv_bh / H_kv, kv_h = kv_bh % H_kv;
+    const size_t stat = (size_t)group * S, n_dq = (size_t)group * rows_q, n_rows = n_dq + 2 * (size_t)rows_kv;
+    double *lse = h->stats, *delta = lse + stat;
+    const reference_error delta_err = {delta + stat, delta + 2 * stat};
     double *ref = h->ref, *worst = ref + n_rows * D, *rss = worst + n_rows * D;
-    reference_bwd_stats(shape, q, k, v, d_o, b, hd, lse, delta, delta_err);
-    for (int i = 0; i < rows_per_head; i++) {
-        const int row = full ? i : sample_row(S, i, (uint64_t)bh);
-        for (int t = 0; t < 3; t++) h->rows[3 * i + t] = (grad_row){t, bh, row};
+    for (int g = 0; g < group; g++) {
+        const int hd = kv_h * group + g;
+        reference_bwd_stats(shape, q, k, v, d_o, b, hd, lse + g * S, delta + g * S,
+                            (reference_error){delta_err.worst + g * S, delta_err.rss + g * S});
+        for (int i = 0; i < rows_q; i++) {
+            const int bh = b * shape->heads + hd;
+            h->rows[(size_t)g * rows_q + i] = (grad_row){0, bh, full ? i : sample_row(S, i, (uint64_t)bh)};
+        }
     }
-    // Row i of dQ, and rows i of dK and dV (one reference call), at slots 3i, 3i+1, 3i+2.
+    for (int i = 0; i < rows_kv; i++) {
+        const int row = full ? i : sample_row(S_kv, i, (uint64_t)kv_bh);
+        h->rows[n_dq + 2 * i] = (grad_row){1, kv_bh, row};
+        h->rows[n_dq + 2 * i + 1] = (grad_row){2, kv_bh, row};
+    }
+    // dQ rows at slots 0 .. n_dq - 1, then each dK row and its dV row (one reference call).
+    const long long tasks = (long long)(n_dq + rows_kv);
     OMP_PARALLEL
     {
     OMP_FOR_DYNAMIC
-    for (long long task = 0; task < (long long)rows_per_head; task++) {
-        const grad_row *g = &h->rows[3 * task];
-        const size_t dq = (3 * (size_t)task) * D, dk = dq + D, dv = dk + D;
-        reference_dq_row(shape, q, k, v, d_o, b, hd, lse, delta, delta_err, g->row, ref + dq,
-                         (reference_error){worst + dq, rss + dq});
-        reference_dkdv_row(shape, q, k, v, d_o, b, hd, lse, delta, delta_err, g->row, ref + dk, ref + dv,
-                           (reference_error){worst + dk, rss + dk}, (reference_error){worst + dv, rss + dv});
+    for (long long task = 0; task < tasks; task++) {
+        if (task < (long long)n_dq) {
+            const grad_row *gr = &h->rows[task];
+            const int g = (int)(task / rows_q);
+            const size_t at = (size_t)task * D;
+            reference_dq_row(shape, q, k, v, d_o, b, kv_h * group + g, lse + g * S, delta + g * S,
+                             (reference_error){delta_err.worst + g * S, delta_err.rss + g * S}, gr->row, ref + at,
+                             (reference_error){worst + at, rss + at});
+        } else {
+            const size_t slot = n_dq + 2 * (size_t)(task - (long long)n_dq), dk = slot * D, dv = dk + D;
+            reference_dkdv_row(shape, q, k, v, d_o, b, kv_h, lse, delta, delta_err, h->rows[slot].row, ref + dk,
+                               ref + dv, (reference_error){worst + dk, rss + dk},
+                               (reference_error){worst + dv, rss + dv});
+        }
     }
     }
     for (size_t i = 0; i < n_rows; i++) {
         const grad_row *g = &h->rows[i];
-        const size_t base = ((size_t)g->bh * S + g->row) * D;
+        const size_t base = ((size_t)g->bh * (g->tensor == 0 ? S : S_kv) + g->row) * D;
         const row_errors e = compare_row(shape, grads[g->tensor], base, ref + i * D, worst + i * D, rss + i * D,
                                          CHECK_ROW_REL_L2);
         OMP_CRITICAL
@@ -304,31 +323,32 @@ static void check_backward_head(const attn_shape *shape, const float *q, const f
 
 check_bwd_result check_backward(const attn_shape *shape, const float *q, const float *k,
                                 const float *v, const float *d_o, const uint16_t *const grads[3]) {
-    const int B = shape->batch, H = shape->heads, S = shape->seq, D = shape->dim;
-    const size_t n = attn_elems(shape);
+    const int B = shape->batch, H_kv = attn_kv_heads(shape), S = shape->seq, S_kv = attn_kv_seq(shape);
+    const int D = shape->dim, group = attn_group(shape);
     check_bwd_result res;
     check_result *r[3] = {&res.dq, &res.dk, &res.dv};
     for (int t = 0; t < 3; t++) {
         *r[t] = (check_result){0};
         r[t]->first_bad = (size_t)-1;
-        scan_output(grads[t], n, shape->dtype, r[t]);
+        scan_output(grads[t], t == 0 ? attn_elems(shape) : attn_kv_elems(shape), shape->dtype, r[t]);
     }
 
-    // Heads, and rows within a head: everything when a full check fits CHECK_BWD_FULL_MACS; else
-    // as many heads as the per-head statistics allow and CHECK_BWD_ROWS sampled rows of each of
-    // dQ, dK, dV per head (each row still summed over all of its queries or keys).
-    const double stats_macs = 3.0 * S * (double)S * D;
-    const int full = (double)B * H * 4.5 * stats_macs <= CHECK_BWD_FULL_MACS;
-    int heads = B * H;
+    // K/V heads, and rows within them: everything when a full check fits CHECK_BWD_FULL_MACS; else
+    // as many K/V heads as the statistics of their query heads allow, and CHECK_BWD_ROWS sampled
+    // rows of dQ per query head and of dK and dV per K/V head (each row still summed over all of
+    // its queries or keys).
+    const double stats_macs = 3.0 * group * S * (double)S_kv * D;  // a K/V head's query heads
+    const int full = (double)B * H_kv * 4.5 * stats_macs <= CHECK_BWD_FULL_MACS;
+    int heads = B * H_kv;
     if (!full) {
         const double affordable = CHECK_BWD_MACS / stats_macs;
-        heads = affordable < 1 ? 1 : affordable > B * H ? B * H : (int)affordable;
+        heads = affordable < 1 ? 1 : affordable > B * H_kv ? B * H_kv : (int)affordable;
     }
-    const int rows_per_head = full || S < CHECK_BWD_ROWS ? S : CHECK_BWD_ROWS;
-    for (int t = 0; t < 3; t++) {
-        r[t]->full = full;
-        r[t]->rows_checked = (size_t)heads * rows_per_head;
-    }
+    const int rows_q = full || S < CHECK_BWD_ROWS ? S : CHECK_BWD_ROWS;
+    const int rows_kv = full || S_kv < CHECK_BWD_ROWS ? S_kv : CHECK_BWD_ROWS;
+    r[0]->full = r[1]->full = r[2]->full = full;
+    r[0]->rows_checked = (size_t)heads * group * rows_q;
+    r[1]->rows_checked = r[2]->rows_checked = (size_t)heads * rows_kv;
 
     // Many heads (short rows, or many heads sampled): one head per thread at a time. Few: one head
     // after another on this thread, each with its rows spread over the threads. Either way each
@@ -337,11 +357,11 @@ check_bwd_result check_backward(const attn_shape *shape, const float *q, const f
     double err_sq[3] = {0, 0, 0}, ref_sq[3] = {0, 0, 0};
     OMP_PARALLEL_IF(heads >= 4 * omp_threads())
     {
-        head_scratch h = head_scratch_alloc(S, D, rows_per_head);
+        head_scratch h = head_scratch_alloc(S, D, group, (size_t)group * rows_q + 2 * (size_t)rows_kv);
         OMP_FOR_DYNAMIC
         for (int hc = 0; hc < heads; hc++)
-            check_backward_head(shape, q, k, v, d_o, grads, pick_head(B * H, heads, hc), full, rows_per_head, &h,
-                                r, err_sq, ref_sq);
+            check_backward_head(shape, q, k, v, d_o, grads, pick_head(B * H_kv, heads, hc), full, rows_q, rows_kv,
+                                &h, r, err_sq, ref_sq);
         head_scratch_free(&h);
     }
     for (int t = 0; t < 3; t++)
@@ -359,7 +379,10 @@ void check_print_backward(const attn_shape *shape, const check_bwd_result *r) {
                "error %.2f of its bound\n",
                label, c[t]->full ? "full output" : "sampled heads and rows", c[t]->rows_checked,
                c[t]->max_abs_err, c[t]->rel_l2_err, c[t]->max_bound_ratio);
-        check_print_verdict(label, shape, c[t]);
+        // dK and dV are [B, H_kv, S_kv, D]: their first bad element is named in those.
+        attn_shape as_stored = *shape;
+        if (t > 0) as_stored.heads = attn_kv_heads(shape), as_stored.seq = attn_kv_seq(shape);
+        check_print_verdict(label, &as_stored, c[t]);
     }
     printf("check (backward) ");
     print_bounds(shape);

@@ -81,6 +81,9 @@ static void usage(FILE *out) {
             "  --seq S        sequence length, any S >= 1 (default 512)\n"
             "  --dim D        head dimension (default 64)\n"
             "  --causal       causal mask: query i attends to keys 0..i\n"
+            "  --kv-heads N   heads of K and V, a divisor of H (grouped-query attention; default H)\n"
+            "  --kv-seq N     keys per head (a KV cache, cross-attention; default S); with --causal,\n"
+            "                 aligned bottom-right: query i sees keys 0..i + N - S, and N >= S\n"
             "  --dtype T      element type of the tensors: fp16 (the default) or bf16, for the stages\n"
             "                 whose kernels take it; the check's unit roundoff follows (2^-11, 2^-8)\n"
             "  --check        run once and compare with the float64 CPU reference (the default)\n"
@@ -179,6 +182,8 @@ static options parse_options(int argc, char **argv) {
         else if (!strcmp(a, "--std")) parse_tensor_value(a, next, 0x1p-24, INPUT_STD_MAX, opt.std), shaped = 1, i++;
         else if (!strcmp(a, "--causal")) opt.shape.causal = 1;
         else if (!strcmp(a, "--dtype")) opt.shape.dtype = parse_dtype(next), i++;
+        else if (!strcmp(a, "--kv-heads")) opt.shape.kv_heads = (int)parse_integer(a, next, 1, INT_MAX), i++;
+        else if (!strcmp(a, "--kv-seq")) opt.shape.kv_seq = (int)parse_integer(a, next, 1, INT_MAX), i++;
         else if (!strcmp(a, "--check")) { /* the default: every run is checked */ }
         else if (!strcmp(a, "--bench")) opt.bench = 1;
         else if (!strcmp(a, "--backward")) opt.backward = 1;
@@ -197,6 +202,9 @@ static options parse_options(int argc, char **argv) {
     }
     if (opt.csv_path && !opt.bench) die_usage("%s needs --bench (it records timings)", "--csv");
     if (shaped && opt.load_dir) die_usage("%s reads its inputs; --mean and --std shape generated ones only", "--load");
+    if (attn_kv_differs(&opt.shape) && (opt.load_dir || opt.save_dir || opt.csv_path))
+        die_usage("%s takes Q, K and V of one shape; leave out --kv-heads and --kv-seq",
+                  opt.load_dir ? "--load" : opt.save_dir ? "--save" : "--csv");
     if (opt.shape.dtype != ATTN_FP16 && (opt.load_dir || opt.save_dir))
         die_usage("%s reads and writes fp16 .npy files (NumPy has no bf16); leave out --dtype bf16",
                   opt.load_dir ? "--load" : "--save");
@@ -437,20 +445,28 @@ int main(int argc, char **argv) {
     snprintf(gpu, sizeof gpu, "%s", prop.name);
     for (char *c = gpu; *c; c++)
         if (*c == ',') *c = ' ';  // keep the CSV parseable
-    printf("%s on %s: B=%d H=%d S=%d D=%d %s %s%s\n", program_name, gpu, shape->batch, shape->heads,
-           shape->seq, shape->dim, DTYPE_NAMES[shape->dtype], shape->causal ? "causal" : "non-causal",
+    char kv[64] = "";
+    if (attn_kv_differs(shape)) snprintf(kv, sizeof kv, " H_kv=%d S_kv=%d", attn_kv_heads(shape), attn_kv_seq(shape));
+    printf("%s on %s: B=%d H=%d S=%d D=%d%s %s %s%s\n", program_name, gpu, shape->batch, shape->heads,
+           shape->seq, shape->dim, kv, DTYPE_NAMES[shape->dtype], shape->causal ? "causal" : "non-causal",
            opt.backward ? ", forward and backward" : "");
 
     // Device tensors: q, k, v, o, and for the backward do, dq, dk, dv.
     const int n_tensors = opt.backward ? N_TENSORS : T_O + 1;
+    // Q, O, dO and dQ are [B, H, S, D]; K, V, dK and dV [B, H_kv, S_kv, D].
     const size_t n = attn_elems(shape), bytes = n * sizeof(uint16_t);
+    const size_t n_kv = attn_kv_elems(shape), kv_bytes = n_kv * sizeof(uint16_t);
+    size_t elems[N_TENSORS];
+    for (int t = 0; t < N_TENSORS; t++) elems[t] = t == T_K || t == T_V || t == T_DK || t == T_DV ? n_kv : n;
     const size_t workspace = STAGE.workspace_bytes(shape);
     // The backward's own scratch, apart from the workspace the forward leaves it.
     const size_t scratch = opt.backward && STAGE.backward_scratch_bytes ? STAGE.backward_scratch_bytes(shape) : 0;
     const size_t forward_scratch = STAGE.forward_scratch_bytes ? STAGE.forward_scratch_bytes(shape) : 0;
     size_t free_bytes, total_bytes;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const double need = (double)n_tensors * bytes + workspace + scratch + forward_scratch + 2.0 * prop.l2CacheSize;
+    double tensor_bytes = 0.0;
+    for (int t = 0; t < n_tensors; t++) tensor_bytes += 2.0 * elems[t];
+    const double need = tensor_bytes + workspace + scratch + forward_scratch + 2.0 * prop.l2CacheSize;
     if (need > 0.9 * free_bytes) {
         fprintf(stderr, "%s: skipped: needs %.1f GiB of device memory, %.1f GiB free\n", program_name,
                 need / 1073741824.0, free_bytes / 1073741824.0);
@@ -459,14 +475,15 @@ int main(int argc, char **argv) {
 
     for (int t = 0; t < n_tensors; t++) {
         if (host[t]) continue;  // loaded
-        host[t] = xmalloc(bytes);
-        if (t <= T_V || t == T_DO) fill_normal(host[t], n, shape->dtype, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t]);
+        host[t] = xmalloc(2 * elems[t]);
+        if (t <= T_V || t == T_DO)
+            fill_normal(host[t], elems[t], shape->dtype, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t]);
     }
 
     void *dev_ptr[N_TENSORS] = {NULL};
     for (int t = 0; t < n_tensors; t++) {
-        CUDA_CHECK(cudaMalloc(&dev_ptr[t], bytes));
-        if (t <= T_V || t == T_DO) CUDA_CHECK(cudaMemcpy(dev_ptr[t], host[t], bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMalloc(&dev_ptr[t], 2 * elems[t]));
+        if (t <= T_V || t == T_DO) CUDA_CHECK(cudaMemcpy(dev_ptr[t], host[t], 2 * elems[t], cudaMemcpyHostToDevice));
     }
     attn_tensors dev = {0};
     dev.q = dev_ptr[T_Q], dev.k = dev_ptr[T_K], dev.v = dev_ptr[T_V], dev.o = dev_ptr[T_O];
@@ -488,8 +505,8 @@ int main(int argc, char **argv) {
     float *f32[N_TENSORS] = {NULL};  // float copies of the inputs for the reference
     for (int t = 0; t < n_tensors; t++) {
         if (t > T_V && t != T_DO) continue;
-        f32[t] = xmalloc(n * sizeof(float));
-        widen(host[t], f32[t], n, shape->dtype);
+        f32[t] = xmalloc(elems[t] * sizeof(float));
+        widen(host[t], f32[t], elems[t], shape->dtype);
     }
     check_result result = check_output(shape, f32[T_Q], f32[T_K], f32[T_V], host[T_O]);
     check_print(shape, &result);
@@ -499,7 +516,7 @@ int main(int argc, char **argv) {
     // written), run it once on the forward's O and workspace, compare.
     check_bwd_result bwd_result;
     if (opt.backward && passed) {
-        for (int t = T_DQ; t <= T_DV; t++) CUDA_CHECK(cudaMemsetAsync(dev_ptr[t], 0xff, bytes, stream));
+        for (int t = T_DQ; t <= T_DV; t++) CUDA_CHECK(cudaMemsetAsync(dev_ptr[t], 0xff, 2 * elems[t], stream));
         if (scratch) CUDA_CHECK(cudaMemsetAsync(dev.backward_scratch, 0xff, scratch, stream));
         // The workspace as the forward left it: the backward only reads it (attn.h), and PyTorch
         // hands the same workspace to every backward of one forward.
@@ -508,7 +525,7 @@ int main(int argc, char **argv) {
         run_pass(STAGE.backward, shape, &dev, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         for (int t = T_DQ; t <= T_DV; t++)
-            CUDA_CHECK(cudaMemcpy(host[t], dev_ptr[t], bytes, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(host[t], dev_ptr[t], 2 * elems[t], cudaMemcpyDeviceToHost));
         const uint16_t *grads[3] = {host[T_DQ], host[T_DK], host[T_DV]};
         bwd_result = check_backward(shape, f32[T_Q], f32[T_K], f32[T_V], f32[T_DO], grads);
         check_print_backward(shape, &bwd_result);
@@ -529,13 +546,14 @@ int main(int argc, char **argv) {
         if (!opt.backward) {
             const timing tm = time_pass(STAGE.forward, &opt, &dev, &prop, stream);
             // Compulsory traffic only: Q, K, V read once and O written once.
-            report_timing(&opt, gpu, "fwd", &tm, attn_forward_flops(shape), 4.0 * bytes, result.max_abs_err);
+            report_timing(&opt, gpu, "fwd", &tm, attn_forward_flops(shape), 2.0 * bytes + 2.0 * kv_bytes,
+                          result.max_abs_err);
         } else {
             const timing tm = time_pass(STAGE.backward, &opt, &dev, &prop, stream);
             const double worst = fmax(bwd_result.dq.max_abs_err,
                                       fmax(bwd_result.dk.max_abs_err, bwd_result.dv.max_abs_err));
             // Compulsory traffic: Q, K, V, O, dO read once; dQ, dK, dV written once.
-            report_timing(&opt, gpu, "bwd", &tm, attn_backward_flops(shape), 8.0 * bytes, worst);
+            report_timing(&opt, gpu, "bwd", &tm, attn_backward_flops(shape), 4.0 * bytes + 4.0 * kv_bytes, worst);
         }
     }
 

@@ -41,15 +41,17 @@ static double row_scores(const attn_shape *shape, const float *q_row, const floa
 void reference_row_error(const attn_shape *shape, const float *q, const float *k, const float *v,
                          int b, int h, int row, double *scratch, double *out_row,
                          reference_error err) {
-    const int S = shape->seq, D = shape->dim;
-    const size_t head = ((size_t)b * shape->heads + h) * (size_t)S * D;  // start of [b, h, :, :]
-    const int n_keys = shape->causal ? row + 1 : S;  // causal: keys 0..row
+    const int S = shape->seq, D = shape->dim, S_kv = attn_kv_seq(shape);
+    const size_t q_head = ((size_t)b * shape->heads + h) * (size_t)S * D;  // start of Q[b, h, :, :]
+    const size_t kv_head = ((size_t)b * attn_kv_heads(shape) + h / attn_group(shape)) * (size_t)S_kv * D;
+    // Causal: keys 0..row + S_kv - S (bottom-right: the last query sees every key).
+    const int n_keys = shape->causal ? row + 1 + attn_causal_offset(shape) : S_kv;
     const int want_error = err.worst != NULL;
     const ref_rounding r = ref_rounding_of(shape->dtype);
-    double *p = scratch, *sigma = want_error ? scratch + S : NULL;
+    double *p = scratch, *sigma = want_error ? scratch + S_kv : NULL;
 
     // Subtracting the row max before exp() keeps exp() in (0, 1]: no overflow for any score.
-    const double row_max = row_scores(shape, q + head + (size_t)row * D, k + head, n_keys, p, sigma);
+    const double row_max = row_scores(shape, q + q_head + (size_t)row * D, k + kv_head, n_keys, p, sigma);
     double row_sum = 0.0;
     for (int j = 0; j < n_keys; j++) {
         p[j] = exp(p[j] - row_max);
@@ -58,7 +60,7 @@ void reference_row_error(const attn_shape *shape, const float *q, const float *k
     for (int j = 0; j < n_keys; j++) p[j] /= row_sum;
     for (int d = 0; d < D; d++) out_row[d] = 0.0;
     for (int j = 0; j < n_keys; j++) {
-        const float *v_row = v + head + (size_t)j * D;
+        const float *v_row = v + kv_head + (size_t)j * D;
         for (int d = 0; d < D; d++) out_row[d] += p[j] * (double)v_row[d];
     }
     if (!want_error) return;
@@ -68,7 +70,7 @@ void reference_row_error(const attn_shape *shape, const float *q, const float *k
     const double p_max = 1.0 / row_sum;
     for (int d = 0; d < D; d++) err.worst[d] = err.rss[d] = 0.0;
     for (int j = 0; j < n_keys; j++) {
-        const float *v_row = v + head + (size_t)j * D;
+        const float *v_row = v + kv_head + (size_t)j * D;
         const double rounding = r.u * (p[j] + r.min_normal * p_max), moved = p[j] * sigma[j];
         for (int d = 0; d < D; d++) {
             const double term = rounding * fabs((double)v_row[d]) + moved * fabs(v_row[d] - out_row[d]);

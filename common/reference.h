@@ -31,12 +31,13 @@ typedef struct {
     double *worst, *rss;
 } reference_error;
 
-// One output row O[b, h, row, :] in float64. q, k, v are [B, H, S, D] float copies of the fp16 or
-// bf16 inputs (exact: every value of either is a float). `scores` is caller scratch of S doubles.
+// One output row O[b, h, row, :] in float64. q is a [B, H, S, D] and k, v are [B, H_kv, S_kv, D]
+// float copies of the fp16 or bf16 inputs (exact: every value of either is a float). `scores` is
+// caller scratch of S_kv doubles.
 void reference_row(const attn_shape *shape, const float *q, const float *k, const float *v,
                    int b, int h, int row, double *scores, double *out_row);
 
-// The same row and its error magnitudes. `scratch` holds 2 S doubles.
+// The same row and its error magnitudes. `scratch` holds 2 S_kv doubles.
 void reference_row_error(const attn_shape *shape, const float *q, const float *k, const float *v,
                          int b, int h, int row, double *scratch, double *out_row,
                          reference_error err);

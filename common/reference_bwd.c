@@ -41,8 +41,17 @@ static double dot(const float *a, const float *b, int D, double *magnitude) {
     return acc;
 }
 
+// Where Q[b, h, :, :] (and O, dO, dQ) starts, and where the K/V head that query head h reads does.
 static size_t head_start(const attn_shape *s, int b, int h) {
     return ((size_t)b * s->heads + h) * (size_t)s->seq * s->dim;
+}
+static size_t kv_start(const attn_shape *s, int b, int h) {
+    return ((size_t)b * attn_kv_heads(s) + h / attn_group(s)) * (size_t)attn_kv_seq(s) * s->dim;
+}
+
+// The keys query i sees: all S_kv, or with the mask 0..i + S_kv - S (bottom-right).
+static int keys_seen(const attn_shape *s, int i) {
+    return s->causal ? i + 1 + attn_causal_offset(s) : attn_kv_seq(s);
 }
 
 static void *checked_malloc(size_t bytes) {
@@ -58,21 +67,21 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
                          const float *d_o, int b, int h, double *lse, double *delta,
                          reference_error delta_err) {
     const ref_rounding r = ref_rounding_of(shape->dtype);
-    const int S = shape->seq, D = shape->dim;
-    const size_t head = head_start(shape, b, h);
+    const int S = shape->seq, D = shape->dim, S_kv = attn_kv_seq(shape);
+    const size_t head = head_start(shape, b, h), kv = kv_start(shape, b, h);
     const double scale = 1.0 / sqrt((double)D);
     OMP_PARALLEL
     {
     // Per row: the exp of each score, its fp32 error bound, dP, and O.
-    double *e = checked_malloc(sizeof(double) * ((size_t)3 * S + D));
-    double *sigma = e + S, *dp = e + 2 * (size_t)S, *o = e + 3 * (size_t)S;
+    double *e = checked_malloc(sizeof(double) * ((size_t)3 * S_kv + D));
+    double *sigma = e + S_kv, *dp = e + 2 * (size_t)S_kv, *o = e + 3 * (size_t)S_kv;
     OMP_FOR_DYNAMIC  // causal rows differ in length
     for (int i = 0; i < S; i++) {
         const float *q_row = q + head + (size_t)i * D, *do_row = d_o + head + (size_t)i * D;
-        const int n_keys = shape->causal ? i + 1 : S;
+        const int n_keys = keys_seen(shape, i);
         double row_max = -INFINITY, magnitude;
         for (int j = 0; j < n_keys; j++) {
-            e[j] = scale * dot(q_row, k + head + (size_t)j * D, D, &magnitude);
+            e[j] = scale * dot(q_row, k + kv + (size_t)j * D, D, &magnitude);
             sigma[j] = D * REF_F32_STEP * scale * magnitude;
             if (e[j] > row_max) row_max = e[j];
         }
@@ -80,7 +89,7 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
         double row_sum = 0.0, weighted = 0.0;
         for (int d = 0; d < D; d++) o[d] = 0.0;
         for (int j = 0; j < n_keys; j++) {
-            const float *v_row = v + head + (size_t)j * D;
+            const float *v_row = v + kv + (size_t)j * D;
             e[j] = exp(e[j] - row_max);
             dp[j] = dot(do_row, v_row, D, &magnitude);
             row_sum += e[j];
@@ -139,21 +148,21 @@ void reference_dq_row(const attn_shape *shape, const float *q, const float *k, c
                       const float *d_o, int b, int h, const double *lse, const double *delta,
                       reference_error delta_err, int i, double *dq_row, reference_error dq_err) {
     const ref_rounding r = ref_rounding_of(shape->dtype);
-    const int S = shape->seq, D = shape->dim;
-    const size_t head = head_start(shape, b, h);
+    const int D = shape->dim;
+    const size_t head = head_start(shape, b, h), kv = kv_start(shape, b, h);
     const double scale = 1.0 / sqrt((double)D);
     const float *q_row = q + head + (size_t)i * D, *do_row = d_o + head + (size_t)i * D;
-    const int n_keys = shape->causal ? i + 1 : S;
+    const int n_keys = keys_seen(shape, i);
     double *pk = dq_err.worst ? checked_malloc(sizeof(double) * (size_t)D) : NULL;  // (P K)_i
     for (int d = 0; d < D; d++) {
         dq_row[d] = 0.0;
         if (pk) pk[d] = dq_err.worst[d] = dq_err.rss[d] = 0.0;
     }
     for (int j = 0; j < n_keys; j++) {
-        const float *k_row = k + head + (size_t)j * D;
+        const float *k_row = k + kv + (size_t)j * D;
         double qk_magnitude, dp_magnitude;
         const double p = exp(scale * dot(q_row, k_row, D, &qk_magnitude) - lse[i]);
-        const double dp = dot(do_row, v + head + (size_t)j * D, D, &dp_magnitude);
+        const double dp = dot(do_row, v + kv + (size_t)j * D, D, &dp_magnitude);
         const double ds = p * (dp - delta[i]);
         for (int d = 0; d < D; d++) dq_row[d] += scale * ds * (double)k_row[d];
         if (!pk) continue;
@@ -177,25 +186,30 @@ void reference_dq_row(const attn_shape *shape, const float *q, const float *k, c
 }
 
 void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k, const float *v,
-                        const float *d_o, int b, int h, const double *lse, const double *delta,
+                        const float *d_o, int b, int kv_h, const double *lse, const double *delta,
                         reference_error delta_err, int j, double *dk_row, double *dv_row,
                         reference_error dk_err, reference_error dv_err) {
     const ref_rounding r = ref_rounding_of(shape->dtype);
-    const int S = shape->seq, D = shape->dim;
-    const size_t head = head_start(shape, b, h);
+    const int S = shape->seq, D = shape->dim, group = attn_group(shape);
+    const size_t kv = kv_start(shape, b, kv_h * group);
     const double scale = 1.0 / sqrt((double)D);
-    const float *k_row = k + head + (size_t)j * D, *v_row = v + head + (size_t)j * D;
+    const float *k_row = k + kv + (size_t)j * D, *v_row = v + kv + (size_t)j * D;
     const int want_error = dk_err.worst != NULL;
     for (int d = 0; d < D; d++) {
         dk_row[d] = dv_row[d] = 0.0;
         if (want_error) dk_err.worst[d] = dk_err.rss[d] = dv_err.worst[d] = dv_err.rss[d] = 0.0;
     }
-    for (int i = shape->causal ? j : 0; i < S; i++) {  // causal: only queries i >= j see key j
+    // Every query of every query head that reads this K/V head and sees key j (causal: the queries
+    // i with j <= i + S_kv - S).
+    const int first_query = shape->causal && j > attn_causal_offset(shape) ? j - attn_causal_offset(shape) : 0;
+    for (int task = 0; task < group * (S - first_query); task++) {
+        const int g = task / (S - first_query), i = first_query + task % (S - first_query);
+        const size_t head = head_start(shape, b, kv_h * group + g), stat = (size_t)g * S + i;
         const float *q_row = q + head + (size_t)i * D, *do_row = d_o + head + (size_t)i * D;
         double qk_magnitude, dp_magnitude;
-        const double p = exp(scale * dot(q_row, k_row, D, &qk_magnitude) - lse[i]);
+        const double p = exp(scale * dot(q_row, k_row, D, &qk_magnitude) - lse[stat]);
         const double dp = dot(do_row, v_row, D, &dp_magnitude);
-        const double ds = p * (dp - delta[i]);
+        const double ds = p * (dp - delta[stat]);
         for (int d = 0; d < D; d++) {
             dv_row[d] += p * (double)do_row[d];
             dk_row[d] += scale * ds * (double)q_row[d];
@@ -203,10 +217,10 @@ void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k,
         if (!want_error) continue;
         const double sigma = D * REF_F32_STEP * scale * qk_magnitude;
         const double cv = r.u * (p + r.min_normal) + sigma * p;
-        const double ck = ds_error(r, p, dp, ds, delta[i], sigma, dp_magnitude, scale, D);
+        const double ck = ds_error(r, p, dp, ds, delta[stat], sigma, dp_magnitude, scale, D);
         // δ_i's error enters dS_ij once per query; queries' errors are independent of each other.
-        const double ck_worst = ck + r.u * scale * p * delta_err.worst[i];
-        const double ck_rss = ck + r.u * scale * p * delta_err.rss[i];
+        const double ck_worst = ck + r.u * scale * p * delta_err.worst[stat];
+        const double ck_rss = ck + r.u * scale * p * delta_err.rss[stat];
         for (int d = 0; d < D; d++) {
             const double tv = cv * fabs((double)do_row[d]), q_d = fabs((double)q_row[d]);
             dv_err.worst[d] += tv;

@@ -14,9 +14,11 @@
 #include "attn.h"
 #include "reference.h"
 
-// For head (b, h): lse[i] = log sum_j exp(s_ij) and delta[i] = δ_i, for every row i (S each).
-// delta_err (S doubles each, or both NULL): the error of a kernel's δ_i, which it computes from
-// its own fp16 O. q, k, v, d_o are [B, H, S, D] float copies of the fp16 tensors.
+// For query head (b, h): lse[i] = log sum_j exp(s_ij) and delta[i] = δ_i, for every row i (S
+// each). delta_err (S doubles each, or both NULL): the error of a kernel's δ_i, which it computes
+// from its own O. q and d_o are [B, H, S, D], k and v [B, H_kv, S_kv, D] float copies of the
+// tensors; query head h reads K/V head h / (H / H_kv), and with the mask query i sees keys
+// 0..i + S_kv - S.
 void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k, const float *v,
                          const float *d_o, int b, int h, double *lse, double *delta,
                          reference_error delta_err);
@@ -27,8 +29,10 @@ void reference_dq_row(const attn_shape *shape, const float *q, const float *k, c
                       const float *d_o, int b, int h, const double *lse, const double *delta,
                       reference_error delta_err, int i, double *dq_row, reference_error dq_err);
 
-// dK[b, h, j, :] and dV[b, h, j, :] (D doubles each) from the head's statistics, and their error
-// magnitudes when dk_err and dv_err are set (then delta_err must be too).
+// dK[b, kv_h, j, :] and dV[b, kv_h, j, :] (D doubles each), summed over the H / H_kv query heads
+// that read K/V head kv_h, from their statistics: lse, delta and delta_err hold [H / H_kv][S],
+// query head kv_h (H / H_kv) + g at g S. Their error magnitudes too when dk_err and dv_err are set
+// (then delta_err must be too).
 void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k, const float *v,
                         const float *d_o, int b, int h, const double *lse, const double *delta,
                         reference_error delta_err, int j, double *dk_row, double *dv_row,

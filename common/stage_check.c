@@ -10,7 +10,7 @@
 // factor (at least 1) must fit in what the ones before it leave. B and H may each be up to INT_MAX,
 // so their product in size_t could already overflow.
 static int too_many_elements(const attn_shape *s) {
-    const int factors[4] = {s->batch, s->heads, s->seq, s->dim};
+    const int factors[4] = {s->batch, s->heads, s->seq > attn_kv_seq(s) ? s->seq : attn_kv_seq(s), s->dim};
     int room = INT_MAX;
     for (int i = 0; i < 4; i++) {
         if (factors[i] < 1) return 0;  // no elements: the callers refuse empty shapes first
@@ -25,6 +25,25 @@ int shape_refusal(const attn_stage *stage, const char *program, const attn_shape
     if (too_many_elements(shape)) {
         snprintf(message, message_size, "%s: B*H*S*D = %.0f elements per tensor; at most %d are supported",
                  program, (double)shape->batch * shape->heads * shape->seq * shape->dim, INT_MAX);
+        return REFUSED_SHAPE;
+    }
+    if (shape->kv_heads < 0 || shape->kv_seq < 0 || shape->heads % attn_kv_heads(shape)) {
+        snprintf(message, message_size, "%s: K and V have %d heads, which must divide the %d of Q", program,
+                 attn_kv_heads(shape), shape->heads);
+        return REFUSED_SHAPE;
+    }
+    if (shape->causal && attn_kv_seq(shape) < shape->seq) {
+        snprintf(message, message_size,
+                 "%s: causal attention aligned bottom-right needs at least as many keys as queries (%d keys, %d "
+                 "queries): the first queries would see no key",
+                 program, attn_kv_seq(shape), shape->seq);
+        return REFUSED_SHAPE;
+    }
+    if (attn_kv_differs(shape) && !stage->runs_gqa) {
+        snprintf(message, message_size,
+                 "%s: K and V of other heads or length than Q are not supported: this stage's kernels take "
+                 "[B, H, S, D] for all four",
+                 program);
         return REFUSED_SHAPE;
     }
     if (shape->dtype != ATTN_FP16 && !(shape->dtype == ATTN_BF16 && stage->runs_bf16)) {

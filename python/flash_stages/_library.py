@@ -11,7 +11,8 @@ import sysconfig
 class Shape(ctypes.Structure):
     """``attn_shape``: one attention problem, tensors ``[batch, heads, seq, dim]``."""
 
-    _fields_ = [(name, ctypes.c_int) for name in ("batch", "heads", "seq", "dim", "causal", "dtype")]
+    _fields_ = [(name, ctypes.c_int) for name in ("batch", "heads", "seq", "dim", "causal", "dtype", "kv_heads",
+                                                  "kv_seq")]
 
 
 class Tensors(ctypes.Structure):
@@ -42,6 +43,7 @@ class _StageTable(ctypes.Structure):
         ("forward_scratch_bytes", _BYTES),
         ("needs_sm90a", ctypes.c_int),
         ("runs_bf16", ctypes.c_int),
+        ("runs_gqa", ctypes.c_int),
     ]
 
 
@@ -85,6 +87,7 @@ class Stage:
         self.has_backward = bool(self._table.backward)
         self.needs_sm90a = bool(self._table.needs_sm90a)
         self.runs_bf16 = bool(self._table.runs_bf16)
+        self.runs_gqa = bool(self._table.runs_gqa)
         lib = self._lib
         lib.flash_stages_set_device.argtypes, lib.flash_stages_set_device.restype = [ctypes.c_int], ctypes.c_int
         lib.flash_stages_error_string.argtypes, lib.flash_stages_error_string.restype = [ctypes.c_int], ctypes.c_char_p

@@ -23,7 +23,9 @@
 //     at D = 128) and walks over the key tiles, recomputing S and dP (seven products instead of
 //     five), and owns its dQ rows.
 // What changed from the forward: no producer warp. Every warp of backward_dk_dv reads every
-// walked tile, so a block-wide cp.async ring (stage 07's pipeline) feeds them all.
+// walked tile, so a block-wide cp.async ring (stage 07's pipeline) feeds them all. With grouped
+// heads a dK/dV block walks the query tiles of every query head that reads its K/V head, one walk
+// after the other, and sums their dK and dV in registers.
 // Limits: 101,376 bytes of shared memory allow half of FlashAttention-2's query tile (64 at D =
 // 64, 32 at D = 128, against its 128 and 64), so a block does twice its __syncthreads per FLOP.
 #include <math.h>
@@ -218,16 +220,18 @@ __device__ inline void store_warp_tile(Elem *dst, const float acc[MT][NT][4], fl
 // dP, to shared memory as Elem at p_address (this thread's first pair; dS is ds_offset bytes
 // further). The thread's rows are g, g + 8, g + 16, g + 24 (query0 + those, lse_rows and
 // delta_rows indexed by them), its keys key0 + 8 n + 2 t (+1). MASKED (tiles on the diagonal, or
-// with queries or keys past S) zeroes P where the query is past S or, causal, the key is after
-// the query, and with KEYS_PAST_S where the key is past S. Such a key must be masked although its
+// with queries or keys past their ends) zeroes P where the query is past S or, causal, the key is
+// past the last one the query sees (query + offset, offset = S_kv - S), and with KEYS_PAST_S where
+// the key is past S_kv. Such a key must be masked although its
 // K row is zero (cp_async_tile fills it so): its score is then 0 and P = 2^-lse, which overflows
 // fp16 wherever a row's scores are all below about -11, and dQ += dS K would turn that Inf times
 // the zero row into NaN.
 template <typename Elem, int W, int NT, bool MASKED, bool KEYS_PAST_S>
 __device__ inline void p_and_ds_to_smem(const float (&s_acc)[2][NT][4], const float (&dp_acc)[2][NT][4],
                                         const float *lse_rows, const float *delta_rows, uint32_t p_address,
-                                        int ds_offset, float scale_log2, int query0, int key0, int S, int causal,
-                                        int lane) {
+                                        int ds_offset, float scale_log2, int query0, int key0, int S, int S_kv,
+                                        int causal, int lane) {
+    const int offset = S_kv - S;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -242,7 +246,8 @@ __device__ inline void p_and_ds_to_smem(const float (&s_acc)[2][NT][4], const fl
                 for (int c = 0; c < 2; c++) {
                     const int key = key0 + 8 * n + 2 * t + c;
                     p[c] = exp2_of(s_acc[m][n][2 * r + c] * scale_log2 - lse);
-                    if (MASKED && (query >= S || (KEYS_PAST_S && key >= S) || (causal && query < key))) p[c] = 0.0f;
+                    if (MASKED && (query >= S || (KEYS_PAST_S && key >= S_kv) || (causal && query + offset < key)))
+                        p[c] = 0.0f;
                     ds[c] = p[c] * (dp_acc[m][n][2 * r + c] - d_i);
                 }
                 // The base's chunk is a multiple of NT, so the 8-column steps n < NT flip chunk
@@ -270,14 +275,16 @@ __device__ inline void load_query_tile(unsigned char *slot, const Elem *q_head, 
     }
 }
 
-// dK, dV (and with ATOMIC dQ's share) for the OWN keys of a block; the query tiles stream through
-// a 2-slot cp.async ring. KEYS_PAST_S: S is not a multiple of OWN, so each head's last key block
-// has keys past S to mask in every tile; chosen per launch, as FlashAttention-2's Is_even_MN, so
-// that the blocks of a length with no such keys carry no test for them.
+// dK, dV (and with ATOMIC dQ's share) for the OWN keys of a block of one K/V head; the query tiles
+// of every query head that reads it (`group` of them, grouped-query attention) stream through a
+// 2-slot cp.async ring, one walk after the other. KEYS_PAST_S: S_kv is not a multiple of OWN, so
+// each head's last key block has keys past S_kv to mask in every tile; chosen per launch, as
+// FlashAttention-2's Is_even_MN, so that the blocks of a length with no such keys carry no test.
 template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
 __global__ void __launch_bounds__(DkDvConfig<D>::THREADS, 1)
 backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, const float *lse_log2,
-               const float *delta, Elem *dk, Elem *dv, float *dq_accum, int S, float scale, int causal) {
+               const float *delta, Elem *dk, Elem *dv, float *dq_accum, int S, int S_kv, int group,
+               int first_kv_head, float scale, int causal) {
     using L = DkDvConfig<D>;
     constexpr int QT = L::WALK, OWN = L::OWN, SDP_NT = L::SDP_COLS / 8, DQ_NT = L::DQ_COLS / 8, KV_NT = L::KV_COLS / 8;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -286,9 +293,8 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
     Elem *p_tile = (Elem *)(ring + 2 * L::SLOT);            // [QT][OWN]: P, queries as rows
     Elem *ds_tile = p_tile + QT * OWN;                        // [QT][OWN]: dS
 
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
-    const size_t head = (size_t)head_index * S * D;
-    const float *lse_head = lse_log2 + (size_t)head_index * S, *delta_head = delta + (size_t)head_index * S;
+    const int kv_index = first_kv_head + blockIdx.z * gridDim.y + blockIdx.y;
+    const size_t kv_head = (size_t)kv_index * S_kv * D;
     const int j0 = blockIdx.x * OWN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     // This warp's tile in each layout: S and dP (queries x keys), dK and dV (keys x D), dQ (queries x D).
@@ -296,13 +302,16 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
     const int dq_row0 = sdp_row0, dq_col0 = (warp % L::COL_GROUPS) * L::DQ_COLS;
     const int kv_row0 = (warp % 4) * 32, kv_col0 = (warp / 4) * L::KV_COLS;
     const float scale_log2 = scale * 1.4426950408889634f;
-    // Causal: queries before j0 see none of these keys.
-    const int first_tile = causal ? j0 / QT : 0, n_tiles = ceil_div(S, QT);
+    // Causal: queries before j0 - (S_kv - S) see none of these keys. Walk w is query tile
+    // first_tile + w % tiles of query head kv_index group + w / tiles.
+    const int first_tile = causal ? max(0, j0 - (S_kv - S)) / QT : 0, n_tiles = ceil_div(S, QT);
+    const int tiles = n_tiles - first_tile, n_walks = group * tiles;
+    auto q_head_of = [&](int w) { return (size_t)(kv_index * group + w / tiles) * S; };  // its first row
 
     // K stays in shared memory; V's B fragments for this warp's keys move into registers.
     Elem *v_stage = (Elem *)ring;
-    cp_async_tile<OWN, D, kCopyThreads>(k_tile, k + head, j0, S);
-    cp_async_tile<OWN, D, kCopyThreads>(v_stage, v + head, j0, S);
+    cp_async_tile<OWN, D, kCopyThreads>(k_tile, k + kv_head, j0, S_kv);
+    cp_async_tile<OWN, D, kCopyThreads>(v_stage, v + kv_head, j0, S_kv);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -313,8 +322,9 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
         for (int n = 0; n < SDP_NT / 2; n++) load_b_frags_of_rows<D>(v_frags[kk][n], v_stage, sdp_col0 + 16 * n, 16 * kk, lane);
     __syncthreads();  // the ring's memory is free for the query tiles
 
-    if (first_tile < n_tiles)
-        load_query_tile<D, QT, kCopyThreads>(ring, q + head, d_o + head, lse_head, delta_head, first_tile, S);
+    if (n_walks > 0)
+        load_query_tile<D, QT, kCopyThreads>(ring, q + q_head_of(0) * D, d_o + q_head_of(0) * D, lse_log2 + q_head_of(0),
+                                             delta + q_head_of(0), first_tile, S);
     cp_async_commit();
 
     // This lane's fragment addresses, computed once (the swizzle's arithmetic stays out of the
@@ -334,17 +344,21 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
     zero<2, KV_NT>(dk_acc);
     zero<2, KV_NT>(dv_acc);
 
-    for (int tile = first_tile; tile < n_tiles; tile++) {
+    for (int w = 0; w < n_walks; w++) {
         // One barrier makes this tile's copies visible to every warp and tells that every warp is
         // done with the previous tile: its slot, P and dS. The next tile's copies then go into
         // that slot and land while this one is computed.
         cp_async_wait<0>();
         __syncthreads();
-        if (tile + 1 < n_tiles)
-            load_query_tile<D, QT, kCopyThreads>(ring + ((tile + 1 - first_tile) % 2) * L::SLOT, q + head, d_o + head,
-                                                 lse_head, delta_head, tile + 1, S);
+        if (w + 1 < n_walks) {
+            const size_t next = q_head_of(w + 1);
+            load_query_tile<D, QT, kCopyThreads>(ring + ((w + 1) % 2) * L::SLOT, q + next * D, d_o + next * D,
+                                                 lse_log2 + next, delta + next, first_tile + (w + 1) % tiles, S);
+        }
         cp_async_commit();
-        const uint32_t slot_offset = ((tile - first_tile) % 2) * L::SLOT;
+        const int tile = first_tile + w % tiles;
+        const size_t head = q_head_of(w) * D;  // the query head's Q, dO and dQ
+        const uint32_t slot_offset = (w % 2) * L::SLOT;
         unsigned char *slot = ring + slot_offset;
         const Elem *do_tile = (const Elem *)slot + QT * D;
         const float *lse_tile = (const float *)(do_tile + QT * D), *delta_tile = lse_tile + QT;
@@ -365,15 +379,15 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
         }
 
         // P and dS to shared memory; the masks cost only the tiles on the diagonal or past S
-        // (every tile of a head's last key block, whose keys end past S).
+        // (every tile of a head's last key block, whose keys end past S_kv).
         const int query0 = i0 + sdp_row0, key0 = j0 + sdp_col0;
         const float *lse_rows = lse_tile + sdp_row0, *delta_rows = delta_tile + sdp_row0;
-        if (i0 + QT > S || (KEYS_PAST_S && j0 + OWN > S) || (causal && i0 < j0 + OWN))
+        if (i0 + QT > S || (KEYS_PAST_S && j0 + OWN > S_kv) || (causal && i0 + (S_kv - S) < j0 + OWN))
             p_and_ds_to_smem<Elem, OWN, SDP_NT, true, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
-                                                              scale_log2, query0, key0, S, causal, lane);
+                                                              scale_log2, query0, key0, S, S_kv, causal, lane);
         else
             p_and_ds_to_smem<Elem, OWN, SDP_NT, false, KEYS_PAST_S>(s_acc, dp_acc, lse_rows, delta_rows, p_st, L::P_BYTES,
-                                                               scale_log2, query0, key0, S, causal, lane);
+                                                               scale_log2, query0, key0, S, S_kv, causal, lane);
         __syncthreads();  // P and dS of the whole tile are in shared memory
 
         // dV += Pᵀ dO and dK += dSᵀ Q for this warp's 32 keys x KV_COLS columns.
@@ -401,16 +415,16 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
     cp_async_wait<0>();
 
     // S = scale Q Kᵀ, so dK = scale dSᵀ Q; dV needs no factor.
-    store_warp_tile<D, 2, KV_NT>(dk + head, dk_acc, scale, j0 + kv_row0, kv_col0, S, lane);
-    store_warp_tile<D, 2, KV_NT>(dv + head, dv_acc, 1.0f, j0 + kv_row0, kv_col0, S, lane);
+    store_warp_tile<D, 2, KV_NT>(dk + kv_head, dk_acc, scale, j0 + kv_row0, kv_col0, S_kv, lane);
+    store_warp_tile<D, 2, KV_NT>(dv + kv_head, dv_acc, 1.0f, j0 + kv_row0, kv_col0, S_kv, lane);
 }
 
-// dQ for OWN queries per block, 16 * TILES per warp; K and V tiles (KT rows each) stream through
-// a 2-slot cp.async ring.
+// dQ for OWN queries per block, 16 * TILES per warp; the K and V tiles (KT rows each) of the K/V
+// head the query head reads stream through a 2-slot cp.async ring.
 template <typename Elem, int D>
 __global__ void __launch_bounds__(BWD_THREADS)
 backward_dq(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, const float *lse_log2,
-            const float *delta, Elem *dq, int S, float scale, int causal) {
+            const float *delta, Elem *dq, int S, int S_kv, int group, int first_head, float scale, int causal) {
     using L = DqConfig<D>;
     constexpr int KT = L::WALK, RT = L::TILES, OWN = L::OWN;
     constexpr int SLOT = 2 * KT * D;  // K tile then V tile
@@ -419,20 +433,20 @@ backward_dq(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, const 
     Elem *do_tile = q_tile + OWN * D;   // [OWN][D]
     Elem *ring = do_tile + OWN * D;     // [2][K tile, V tile]
 
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
-    const size_t head = (size_t)head_index * S * D;
+    const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y, offset = S_kv - S;
+    const size_t head = (size_t)head_index * S * D, kv_head = (size_t)(head_index / group) * S_kv * D;
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int i0 = q_block * OWN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * 1.4426950408889634f;
-    const int kv_end = causal ? min(S, i0 + OWN) : S, n_tiles = ceil_div(kv_end, KT);
+    const int kv_end = causal ? min(S_kv, i0 + OWN + offset) : S_kv, n_tiles = ceil_div(kv_end, KT);
 
     cp_async_tile<OWN, D>(q_tile, q + head, i0, S);
     cp_async_tile<OWN, D>(do_tile, d_o + head, i0, S);
     for (int s = 0; s < 2; s++) {
         if (s < n_tiles) {
-            cp_async_tile<KT, D>(ring + s * SLOT, k + head, s * KT, S);
-            cp_async_tile<KT, D>(ring + s * SLOT + KT * D, v + head, s * KT, S);
+            cp_async_tile<KT, D>(ring + s * SLOT, k + kv_head, s * KT, S_kv);
+            cp_async_tile<KT, D>(ring + s * SLOT + KT * D, v + kv_head, s * KT, S_kv);
         }
         cp_async_commit();
     }
@@ -465,7 +479,7 @@ backward_dq(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, const 
                                         b_frags_of_rows_address<D>(k_tile, 0, 0, lane));
         warp_abt<Elem, D, RT, KT / 8, D, D>(ds, a_frag_address<D>(do_tile, warp * 16 * RT, 0, lane),
                                         b_frags_of_rows_address<D>(v_tile, 0, 0, lane));
-        const bool masked = k0 + KT > S || (causal && k0 + KT - 1 > i0);
+        const bool masked = k0 + KT > S_kv || (causal && k0 + KT - 1 > i0 + offset);
 #pragma unroll
         for (int m = 0; m < RT; m++)
 #pragma unroll
@@ -474,15 +488,15 @@ backward_dq(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, const 
                 for (int e = 0; e < 4; e++) {
                     const int key = k0 + n * 8 + 2 * t + (e & 1), r = e / 2;
                     float x = exp2_of(p[m][n][e] * scale_log2 - lse[m][r]);
-                    if (masked && (key >= S || (causal && key > warp_query0 + 16 * m + g + 8 * r))) x = 0.0f;
+                    if (masked && (key >= S_kv || (causal && key > warp_query0 + 16 * m + g + 8 * r + offset))) x = 0.0f;
                     ds[m][n][e] = x * (ds[m][n][e] - d_i[m][r]);
                 }
         product_pb<Elem, D, KT, RT>(dq_acc, ds, k_tile, lane);
 
         __syncthreads();
         if (tile + 2 < n_tiles) {
-            cp_async_tile<KT, D>(ring + (tile % 2) * SLOT, k + head, (tile + 2) * KT, S);
-            cp_async_tile<KT, D>(ring + (tile % 2) * SLOT + KT * D, v + head, (tile + 2) * KT, S);
+            cp_async_tile<KT, D>(ring + (tile % 2) * SLOT, k + kv_head, (tile + 2) * KT, S_kv);
+            cp_async_tile<KT, D>(ring + (tile % 2) * SLOT + KT * D, v + kv_head, (tile + 2) * KT, S_kv);
         }
         cp_async_commit();
     }
@@ -528,7 +542,8 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     float *dq_accum = ATOMIC ? scratch_dq_accum(s, t) : NULL;
     // The delta pre-pass also zeroes dQ's sums.
     cudaError_t err = launch_backward_delta(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);
-    const bool keys_past_s = s->seq % DkDv::OWN != 0;
+    const int S_kv = attn_kv_seq(s), group = attn_group(s);
+    const bool keys_past_s = S_kv % DkDv::OWN != 0;
     const auto dk_dv = keys_past_s ? backward_dk_dv<Elem, D, ATOMIC, true> : backward_dk_dv<Elem, D, ATOMIC, false>;
     if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, DkDv::bytes);
     if (err == cudaSuccess && !ATOMIC) err = allow_dynamic_smem(backward_dq<Elem, D>, Dq::bytes);
@@ -536,19 +551,20 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const float scale = 1.0f / sqrtf((float)D);
     const Elem *q = (const Elem *)t->q, *k = (const Elem *)t->k, *v = (const Elem *)t->v;
     const Elem *d_o = (const Elem *)t->d_o;
+    // dK and dV: a block per key block of each K/V head, in chunks of K/V heads (head_chunk).
+    const int kv_heads_total = s->batch * attn_kv_heads(s);
+    for (int first = 0; first < kv_heads_total;) {
+        const head_chunk c = head_chunk_from(first, kv_heads_total, ceil_div(S_kv, DkDv::OWN));
+        dk_dv<<<c.grid, DkDv::THREADS, DkDv::bytes, stream>>>(q, k, v, d_o, lse, delta, (Elem *)t->dk, (Elem *)t->dv,
+                                                              dq_accum, s->seq, S_kv, group, first, scale, s->causal);
+        first += c.count;
+    }
+    // dQ without atomics: a block per query block of each query head.
     const int heads_total = s->batch * s->heads;
-    for (int first = 0; first < heads_total;) {  // in chunks of heads (head_chunk)
-        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, DkDv::OWN));
-        const size_t offset = (size_t)first * s->seq * D, rows = (size_t)first * s->seq;
-        dk_dv<<<c.grid, DkDv::THREADS, DkDv::bytes, stream>>>(
-            q + offset, k + offset, v + offset, d_o + offset, lse + rows, delta + rows, (Elem *)t->dk + offset,
-            (Elem *)t->dv + offset, ATOMIC ? dq_accum + offset : NULL, s->seq, scale, s->causal);
-        if (!ATOMIC) {
-            const dim3 grid(ceil_div(s->seq, Dq::OWN), c.grid.y, c.grid.z);
-            backward_dq<Elem, D><<<grid, BWD_THREADS, Dq::bytes, stream>>>(
-                q + offset, k + offset, v + offset, d_o + offset, lse + rows, delta + rows, (Elem *)t->dq + offset,
-                s->seq, scale, s->causal);
-        }
+    for (int first = 0; !ATOMIC && first < heads_total;) {
+        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, Dq::OWN));
+        backward_dq<Elem, D><<<c.grid, BWD_THREADS, Dq::bytes, stream>>>(
+            q, k, v, d_o, lse, delta, (Elem *)t->dq, s->seq, S_kv, group, first, scale, s->causal);
         first += c.count;
     }
     if (ATOMIC) launch_backward_dq_convert(s, t, scale, stream);

@@ -13,7 +13,9 @@
 // (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the
 // workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's. The
 // kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products' type and the roundings of
-// P and O differ. The steps of warp_specialized_forward: produce (the producer warp), then per key
+// P and O differ. K and V may have fewer heads than Q (query head h reads K/V head h / group) and
+// another length, S_kv keys, with the mask aligned bottom-right (query i sees keys 0..i + S_kv - S).
+// The steps of warp_specialized_forward: produce (the producer warp), then per key
 // tile tile_scores, mask_scores, softmax_step and accumulate_pv (the consumers), and merge_shares
 // and store_rows at the end.
 // Limits: registers are given per kernel, not per role: the producer warp holds as many as a
@@ -109,30 +111,32 @@ template <typename Elem, int D> struct FwdSmem {
 struct BlockRows {
     int q0, rows_end, n_tiles;
 };
+// S_kv keys; with the mask, query i sees keys 0..i + S_kv - S (aligned bottom-right).
 template <int BLOCK_ROWS, int KEY_TILE>
-__device__ __forceinline__ BlockRows block_rows(int S, int causal) {
+__device__ __forceinline__ BlockRows block_rows(int S, int S_kv, int causal) {
     const int q0 = !causal          ? blockIdx.x * BLOCK_ROWS
                    : kCausalFromEnd ? max(0, S - (int)(blockIdx.x + 1) * BLOCK_ROWS)
                                     : (gridDim.x - 1 - blockIdx.x) * BLOCK_ROWS;
     const int rows_end = !causal          ? S
                          : kCausalFromEnd ? S - (int)blockIdx.x * BLOCK_ROWS
                                           : min(S, q0 + BLOCK_ROWS);
-    // A block's keys end where its rows do: at S, or (with the mask) at its last row.
-    return {q0, rows_end, ceil_div(rows_end, KEY_TILE)};
+    // A block's keys end at S_kv, or with the mask where its last row's do.
+    return {q0, rows_end, ceil_div(causal ? rows_end + S_kv - S : S_kv, KEY_TILE)};
 }
 
 // The producer warp's whole job: 32 lanes, 16 bytes per cp.async, zero-filling rows past the
-// block's rows or past S. Tile t goes to slot t % STAGES once the consumers have released the
-// slot's previous tile (ring_wait_empty, mma_ptx.cuh).
+// block's rows or past S_kv. Tile t goes to slot t % STAGES once the consumers have released the
+// slot's previous tile (ring_wait_empty, mma_ptx.cuh). q_head and kv_head: where the block's query
+// head and the K/V head it reads start.
 template <typename Elem, int D>
 __device__ __forceinline__ void produce(const FwdSmem<Elem, D> &m, const Elem *q, const Elem *k, const Elem *v,
-                                        size_t head, BlockRows rows, int S, int lane) {
+                                        size_t q_head, size_t kv_head, BlockRows rows, int S_kv, int lane) {
     using L = Config<D>;
     constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
     for (int i = lane; i < L::BLOCK_ROWS * (D / 8); i += 32) {
         const int r = i / (D / 8), c = (i % (D / 8)) * 8;
         const bool valid = rows.q0 + r < rows.rows_end;
-        cp_async_16(m.q_tile + swizzle<D>(r, c), q + head + (size_t)(valid ? rows.q0 + r : 0) * D + c, valid);
+        cp_async_16(m.q_tile + swizzle<D>(r, c), q + q_head + (size_t)(valid ? rows.q0 + r : 0) * D + c, valid);
     }
     cp_async_mbarrier_arrive(m.q_full);
     for (int tile = 0; tile < rows.n_tiles; tile++) {
@@ -140,8 +144,8 @@ __device__ __forceinline__ void produce(const FwdSmem<Elem, D> &m, const Elem *q
         const int k0 = tile * KEY_TILE;
         for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
             const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-            const bool valid = k0 + r < S;
-            const size_t src = head + (size_t)(valid ? k0 + r : 0) * D + c;
+            const bool valid = k0 + r < S_kv;
+            const size_t src = kv_head + (size_t)(valid ? k0 + r : 0) * D + c;
             cp_async_16(m.k_ring + slot * L::TILE + swizzle<D>(r, c), k + src, valid);
             cp_async_16(m.v_ring + slot * L::TILE + swizzle<D>(r, c), v + src, valid);
         }
@@ -191,12 +195,13 @@ __device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE /
     }
 }
 
-// -inf where a key is past S or, causal, after the query: only the tail tile and, when causal,
-// tiles reaching past the warp's first row (first_query) need it.
+// -inf where a key is past S_kv or, causal, past the last key its query sees: only the tail tile
+// and, when causal, tiles reaching past the last key of the warp's first row (first_last_key, its
+// query index plus S_kv - S) need it.
 template <int KEY_TILE>
-__device__ __forceinline__ void mask_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], int k0, int first_query, int S,
-                                            int causal, int g, int t) {
-    if (k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > first_query)) {
+__device__ __forceinline__ void mask_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], int k0, int first_last_key,
+                                            int S_kv, int causal, int g, int t) {
+    if (k0 + KEY_TILE > S_kv || (causal && k0 + KEY_TILE - 1 > first_last_key)) {
 #pragma unroll
         for (int m = 0; m < ROW_TILES; m++)
 #pragma unroll
@@ -204,8 +209,8 @@ __device__ __forceinline__ void mask_scores(float (&s_acc)[ROW_TILES][KEY_TILE /
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = k0 + n * 8 + 2 * t + (e & 1);
-                    const int query = first_query + 16 * m + g + (e < 2 ? 0 : 8);
-                    if (key >= S || (causal && key > query)) s_acc[m][n][e] = -INFINITY;
+                    const int last_key = first_last_key + 16 * m + g + (e < 2 ? 0 : 8);
+                    if (key >= S_kv || (causal && key > last_key)) s_acc[m][n][e] = -INFINITY;
                 }
     }
 }
@@ -373,15 +378,16 @@ __device__ __forceinline__ void store_rows(const RowState<D> &st, Elem *o_head, 
 // The kernel: set up the ring, then the producer warp fills it and the consumer warps walk it.
 template <typename Elem, int D>
 __global__ void __launch_bounds__(Config<D>::THREADS, MIN_BLOCKS)
-warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o,
-                         float *lse_log2, int S, float scale, int causal) {
+warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, float *lse_log2, int S, int S_kv,
+                         int group, int first_head, float scale, int causal) {
     using L = Config<D>;
     constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
     extern __shared__ __align__(128) unsigned char smem[];
     const FwdSmem<Elem, D> m(smem);
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
-    const size_t head = (size_t)head_index * S * D;
-    const BlockRows rows = block_rows<L::BLOCK_ROWS, KEY_TILE>(S, causal);
+    // Query head head_index reads K/V head head_index / group (grouped-query attention).
+    const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;
+    const size_t head = (size_t)head_index * S * D, kv_head = (size_t)(head_index / group) * S_kv * D;
+    const BlockRows rows = block_rows<L::BLOCK_ROWS, KEY_TILE>(S, S_kv, causal);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
@@ -394,14 +400,14 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o,
     __syncthreads();  // the only block-wide barrier: the mbarriers exist before anyone uses them
 
     if (warp == CONSUMERS) {
-        produce<Elem, D>(m, q, k, v, head, rows, S, lane);
+        produce<Elem, D>(m, q, k, v, head, kv_head, rows, S_kv, lane);
         return;
     }
 
     // Consumers: stage 07's math, with waits on mbarriers instead of __syncthreads().
     const int g = lane / 4, t = lane % 4;
     const WarpShare w = warp_share<D>(rows, warp, causal);
-    const int first_query = rows.q0 + w.warp_row0;
+    const int first_query = rows.q0 + w.warp_row0, first_last_key = first_query + S_kv - S;
     const float scale_log2 = scale * 1.4426950408889634f;
     RowState<D> st;
     mbarrier_wait(m.q_full, 0);
@@ -410,10 +416,10 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o,
         const int k0 = tile * KEY_TILE;
         const bool mine = tile == my_next;  // this warp's share of the key tiles (all when not split)
         if (mine) my_next += w.splits;
-        if (w.has_rows && mine && (!causal || k0 <= first_query + WARP_ROWS - 1)) {
+        if (w.has_rows && mine && (!causal || k0 <= first_last_key + WARP_ROWS - 1)) {
             float s_acc[ROW_TILES][KEY_TILE / 8][4];
             tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, m.k_ring + slot * L::TILE, w.warp_row0, lane);
-            mask_scores<KEY_TILE>(s_acc, k0, first_query, S, causal, g, t);
+            mask_scores<KEY_TILE>(s_acc, k0, first_last_key, S_kv, causal, g, t);
             softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
             accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, lane);
         }
@@ -433,11 +439,9 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cu
     const int heads_total = s->batch * s->heads;
     for (int first = 0; first < heads_total;) {  // in chunks of heads (head_chunk)
         const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, L::BLOCK_ROWS));
-        const size_t offset = (size_t)first * s->seq * D;
         warp_specialized_forward<Elem, D><<<c.grid, L::THREADS, L::bytes, stream>>>(
-            (const Elem *)t->q + offset, (const Elem *)t->k + offset, (const Elem *)t->v + offset,
-            (Elem *)t->o + offset, workspace_lse(s, t) + (size_t)first * s->seq, s->seq, 1.0f / sqrtf((float)s->dim),
-            s->causal);
+            (const Elem *)t->q, (const Elem *)t->k, (const Elem *)t->v, (Elem *)t->o, workspace_lse(s, t), s->seq,
+            attn_kv_seq(s), attn_group(s), first, 1.0f / sqrtf((float)s->dim), s->causal);
         first += c.count;
     }
     return cudaGetLastError();
@@ -467,4 +471,5 @@ extern "C" const attn_stage STAGE = {
     .backward = stage08_backward,
     .backward_scratch_bytes = stage08_backward_scratch_bytes,
     .runs_bf16 = 1,
+    .runs_gqa = 1,  // forward and backward (backward.cu)
 };
