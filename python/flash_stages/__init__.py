@@ -18,12 +18,13 @@ import torch
 
 from . import _library
 
-__all__ = ["attention", "stages", "default_stage", "StageInfo"]
+__all__ = ["attention", "scaled_dot_product_attention", "stages", "default_stage", "StageInfo"]
 
-StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16")
+StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16 grouped_heads")
 StageInfo.__doc__ = """A stage: its name, its idea in one line, whether it has a backward pass (can
-train), whether it needs an H100/H200 (sm_90a instructions), and whether it takes bf16 as well as
-fp16."""
+train), whether it needs an H100/H200 (sm_90a instructions), whether it takes bf16 as well as fp16,
+and whether its kernels take K and V with fewer heads (grouped-query attention) or another length
+(a KV cache, cross-attention) than Q."""
 
 # The element types the kernels take, as attn.h's attn_dtype numbers them.
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
@@ -31,7 +32,7 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 
 def stages():
     """The stages found, in course order. Any of them is a valid ``stage=`` of :func:`attention`."""
-    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16)
+    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16, s.runs_gqa)
             for s in _library.load_stages().values()]
 
 
@@ -73,9 +74,12 @@ def _stage(name):
     return found[name]
 
 
-def _shape(q, causal):
+def _shape(q, k, causal):
     batch, heads, seq, dim = (int(n) for n in q.shape)
-    return _library.Shape(batch, heads, seq, dim, int(causal), _DTYPES[q.dtype])
+    kv_heads, kv_seq = int(k.shape[1]), int(k.shape[2])
+    # 0: as many as Q (attn.h), which every stage takes.
+    return _library.Shape(batch, heads, seq, dim, int(causal), _DTYPES[q.dtype], 0 if kv_heads == heads else kv_heads,
+                          0 if kv_seq == seq else kv_seq)
 
 
 def _pointer(t):
@@ -97,25 +101,32 @@ def _why_not(stage_name, shape_key, device_index):
 
 
 def _check_runs(stage, shape, device):
-    key = (shape.batch, shape.heads, shape.seq, shape.dim, shape.causal, shape.dtype)
+    key = (shape.batch, shape.heads, shape.seq, shape.dim, shape.causal, shape.dtype, shape.kv_heads, shape.kv_seq)
     reason = _why_not(stage.name, key, device.index)
     if reason:
         raise ValueError(reason)
 
 
 def _check_op_inputs(op, tensors):
-    """What the kernels assume of the tensors they are handed: contiguous fp16 or bf16 [B, H, S, D] of
-    one shape and type, on one CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here).
-    attention() checks the same with friendlier messages and copies what it can; these checks make
-    a direct call of torch.ops.flash_stages.* as safe."""
-    q = tensors[0][1]
+    """What the kernels assume of the tensors they are handed: contiguous fp16 or bf16 tensors of one
+    type on one CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here),
+    q, o and d_o [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv dividing H. attention() checks
+    the same with friendlier messages and copies what it can; these checks make a direct call of
+    torch.ops.flash_stages.* as safe. Whether the stage takes H_kv != H or S_kv != S, the stage says
+    (_check_runs)."""
+    q, k = dict(tensors)["q"], dict(tensors)["k"]
     for name, t in tensors:
-        if (t.dtype not in _DTYPES or t.dtype != q.dtype or t.dim() != 4 or t.shape != q.shape
+        like = k if name in ("k", "v") else q
+        if (t.dtype not in _DTYPES or t.dtype != q.dtype or t.dim() != 4 or t.shape != like.shape
                 or t.device != q.device):
             raise ValueError(f"flash_stages::{op}: {name} must be a float16 or bfloat16 [batch, heads, seq, dim] "
-                             f"tensor of q's type, shape and device, got {t.dtype} {tuple(t.shape)} on {t.device}")
+                             f"tensor of {'k' if like is k else 'q'}'s type, shape and device, got {t.dtype} "
+                             f"{tuple(t.shape)} on {t.device}")
         if not t.is_contiguous():
             raise ValueError(f"flash_stages::{op}: {name} must be contiguous (attention() copies it first)")
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"flash_stages::{op}: k must be [batch, heads_kv, seq_kv, dim] with q's batch and dim and "
+                         f"heads_kv dividing q's heads, got q {tuple(q.shape)} and k {tuple(k.shape)}")
 
 
 def _lse_shape(q, stage):
@@ -133,7 +144,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     the backward. A forward-only stage's workspace (stage 01's scores) is a temporary of the call."""
     _check_op_inputs("forward", (("q", q), ("k", k), ("v", v)))
     st = _stage(stage)
-    shape = _shape(q, causal)
+    shape = _shape(q, k, causal)
     _check_runs(st, shape, q.device)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     o = torch.empty_like(q)
@@ -164,7 +175,7 @@ def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     without a copy, and a graph can be run backward twice (retain_graph)."""
     _check_op_inputs("backward", (("d_o", d_o), ("q", q), ("k", k), ("v", v), ("o", o)))
     st = _stage(stage)
-    shape = _shape(q, causal)
+    shape = _shape(q, k, causal)
     if not st.has_backward:
         raise ValueError(f"flash_stages::backward: stage {stage} has a forward pass only")
     if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:3]) or not lse.is_contiguous():
@@ -227,9 +238,16 @@ def _check_inputs(q, k, v):
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"flash_stages.attention: q, k and v must be on one device, got {q.device}, {k.device}, "
                          f"{v.device}")
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"flash_stages.attention: q, k and v must have the same shape [batch, heads, seq, dim], "
-                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"flash_stages.attention: k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"flash_stages.attention: q, k and v must have the same batch size and head dim, got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"flash_stages.attention: k's {k.shape[1]} heads must divide q's {q.shape[1]}")
+    if k.shape[2] < 1:
+        raise ValueError(f"flash_stages.attention: k and v must hold at least one key, got {tuple(k.shape)}")
     batch, heads, seq, dim = q.shape
     if dim not in (64, 128):
         raise ValueError(f"flash_stages.attention: the head dim (q.shape[-1]) must be 64 or 128, got {dim}")
@@ -241,9 +259,13 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     """softmax(scale · q kᵀ, causal mask) v, as ``F.scaled_dot_product_attention(q, k, v,
     is_causal=causal, scale=scale)``.
 
-    q, k, v: CUDA fp16 or bf16 tensors of one type and shape [batch, heads, seq, dim], on one device;
-    any seq >= 1, dim 64 or 128 (bf16 in the stages whose StageInfo says so: 08 and later). Under
-    ``torch.autocast("cuda")`` float32 inputs run in autocast's type, fp16 or bf16.
+    q, k, v: CUDA fp16 or bf16 tensors of one type, on one device: q [batch, heads, seq, dim], k and v
+    [batch, heads_kv, seq_kv, dim]; any seq >= 1, dim 64 or 128 (bf16 in the stages whose StageInfo
+    says so: 08 and later). Under ``torch.autocast("cuda")`` float32 inputs run in autocast's type.
+    heads_kv may divide heads (grouped-query attention, query head h reading K/V head
+    h // (heads / heads_kv)) and seq_kv differ from seq (a KV cache, cross-attention) in the stages
+    whose StageInfo says grouped_heads; with ``causal`` the mask is aligned bottom-right, as
+    FlashAttention's: query i sees keys 0..i + seq_kv - seq, so causal needs seq_kv >= seq.
     Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed), and views that do
     not start on a 16-byte boundary, are copied first.
 
@@ -280,3 +302,51 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     if return_lse:
         return o, lse_log2 * math.log(2.0)
     return o
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, stage=None):
+    """``F.scaled_dot_product_attention``'s arguments, for the calls the kernels can answer: no
+    ``attn_mask`` and no dropout (each raises an error rather than being ignored), query, key and
+    value of one sequence length where is_causal (SDPA aligns that mask top-left, the kernels
+    bottom-right). With ``enable_gqa=True`` key and value may have fewer heads than query, a divisor
+    of them, as SDPA's grouped-query attention: query head h reads K/V head h // (query heads / key
+    heads). A stage whose StageInfo says grouped_heads reads them as they are; for the others key
+    and value are repeated to query's heads first (a copy of each). ``stage`` as in
+    :func:`attention`."""
+    if attn_mask is not None:
+        raise ValueError("flash_stages.scaled_dot_product_attention: attn_mask is not supported; the kernels apply "
+                         "the causal mask themselves (is_causal=True) and no other")
+    if dropout_p:
+        raise ValueError(f"flash_stages.scaled_dot_product_attention: dropout_p must be 0, got {dropout_p}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"flash_stages.scaled_dot_product_attention: {name} must be a 4-D tensor "
+                             f"[batch, heads, seq, dim]")
+    if is_causal and key.shape[2] != query.shape[2]:
+        raise ValueError("flash_stages.scaled_dot_product_attention: with is_causal, SDPA aligns the mask top-left "
+                         "where query and key lengths differ, and the kernels bottom-right (as FlashAttention); "
+                         "call flash_stages.attention(q, k, v, causal=True) for the bottom-right mask")
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if value.shape[1] != kv_heads:
+        raise ValueError(f"flash_stages.scaled_dot_product_attention: key and value must have the same heads, got "
+                         f"{kv_heads} and {value.shape[1]}")
+    if kv_heads != heads:
+        if not enable_gqa:
+            raise ValueError(f"flash_stages.scaled_dot_product_attention: query has {heads} heads and key {kv_heads}; "
+                             f"pass enable_gqa=True for grouped-query attention, as SDPA asks")
+        if heads % kv_heads:
+            raise ValueError(f"flash_stages.scaled_dot_product_attention: key's {kv_heads} heads must divide "
+                             f"query's {heads}")
+        key, value = _grouped_or_repeated(query, key, value, stage)
+    return attention(query, key, value, causal=is_causal, scale=scale, stage=stage)
+
+
+def _grouped_or_repeated(query, key, value, stage):
+    """key and value as they are where the stage reads grouped K/V heads itself, else repeated to
+    query's heads (a copy of each)."""
+    name = default_stage(query.device) if stage is None else stage
+    if _stage(name).runs_gqa or key.shape[1] == query.shape[1]:
+        return key, value
+    groups = query.shape[1] // key.shape[1]
+    return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)

@@ -1,6 +1,8 @@
 """flash_stages against float64 SDPA, under torch.compile, in CUDA graphs, on a side stream, and
 on bad input. Run by CTest (python/tests/run.py) with the build tree's libraries."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -179,7 +181,7 @@ def test_autocast_runs_float32_inputs_in_fp16():
 @pytest.mark.parametrize("case, words", [
     ("fp32", "must be a float16"),
     ("strided", "must be contiguous"),
-    ("shapes", "of q's type, shape and device"),
+    ("shapes", "of k's type, shape and device"),
 ])
 def test_the_op_itself_checks_its_inputs(case, words):
     q, k, v = good()
@@ -188,7 +190,7 @@ def test_the_op_itself_checks_its_inputs(case, words):
     elif case == "strided":
         q = q.transpose(1, 2)
     elif case == "shapes":
-        k = k[:, :, :32].contiguous()
+        v = v[:, :, :32].contiguous()
     with pytest.raises(ValueError, match=words):
         torch.ops.flash_stages.forward(q, k, v, False, flash_stages.default_stage())
 
@@ -394,7 +396,7 @@ def good():
     ("bf16_stage", ValueError, "bf16 tensors are not supported"),
     ("dim96", ValueError, "head dim (q.shape[-1]) must be 64 or 128, got 96"),
     ("3d", ValueError, "q must be 4-D"),
-    ("shapes", ValueError, "q, k and v must have the same shape"),
+    ("shapes", ValueError, "k and v must have the same shape"),
     ("not_tensor", TypeError, "v must be a torch.Tensor"),
     ("stage", ValueError, "stage must be one of"),
     ("forward_only_grad", RuntimeError, "has a forward pass only"),
@@ -445,3 +447,74 @@ def test_hopper_stage_elsewhere_says_why():
     q, k, v = good()
     with pytest.raises(ValueError, match="needs an H100 or H200"):
         flash_stages.attention(q, k, v, stage="09_tma_wgmma")
+
+
+def test_sdpa_arguments_and_grouped_heads():
+    q, _, _, _ = inputs((2, 8, 200, 64), seed=21)
+    k, v = inputs((2, 2, 200, 64), seed=22)[:2]
+    with torch.no_grad():
+        ours = flash_stages.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        repeated = flash_stages.attention(q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1), causal=True)
+        assert torch.equal(ours, repeated)
+        exact = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(4, dim=1),
+                                               v.double().repeat_interleave(4, dim=1), is_causal=True)
+        assert max_error(ours, exact) < 5e-3
+    for kwargs, words in (({}, "pass enable_gqa=True"), ({"enable_gqa": True, "attn_mask": q}, "attn_mask"),
+                          ({"enable_gqa": True, "dropout_p": 0.1}, "dropout_p must be 0")):
+        with pytest.raises(ValueError, match=words):
+            flash_stages.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def test_transformers_llama_trains_as_with_sdpa():
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import flash_stages.transformers as fst
+    fst.register()
+    # Four heads of D = 64 sharing two K/V heads, an odd length: random weights, random tokens.
+    config = LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).cuda()
+    ids = torch.randint(0, 128, (2, 301), device="cuda")
+
+    def loss_and_gradient(implementation, dtype):
+        m = copy.deepcopy(model).to(dtype)
+        m.config._attn_implementation = implementation
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), m.model.layers[0].self_attn.q_proj.weight.grad.double().flatten()
+
+    exact_loss, exact_grad = loss_and_gradient("sdpa", torch.float32)
+    sdpa_loss, sdpa_grad = loss_and_gradient("sdpa", torch.bfloat16)
+    ours_loss, ours_grad = loss_and_gradient(fst.NAME, torch.bfloat16)
+    assert abs(ours_loss - exact_loss) <= 2 * abs(sdpa_loss - exact_loss) + 1e-2
+    cosine = F.cosine_similarity(ours_grad, exact_grad, dim=0).item()
+    sdpa_cosine = F.cosine_similarity(sdpa_grad, exact_grad, dim=0).item()
+    assert cosine >= sdpa_cosine - 0.01, f"gradient cosine {cosine:.4f} against SDPA's {sdpa_cosine:.4f}"
+
+
+@pytest.mark.parametrize("kv_heads, kv_seq, causal", [(2, 77, False), (2, 77, True), (1, 300, True), (3, 40, False)])
+def test_grouped_heads_and_kv_lengths(kv_heads, kv_seq, causal):
+    # Stage 08 reads K and V with fewer heads and another length as they are; the truth repeats
+    # them to every query head and applies the mask aligned bottom-right explicitly.
+    stage = "08_warp_specialized"
+    q, _, _, d_o = inputs((2, 6, 77, 64), seed=31, requires_grad=True)
+    k, v = inputs((2, kv_heads, kv_seq, 64), seed=32, requires_grad=True)[:2]
+    o = flash_stages.attention(q, k, v, causal=causal, stage=stage)
+    o.backward(d_o)
+    mask = torch.ones(77, kv_seq, dtype=torch.bool, device="cuda").tril(kv_seq - 77) if causal else None
+
+    def sdpa(dtype):
+        qs, ks, vs = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qs, ks.repeat_interleave(6 // kv_heads, 1),
+                                             vs.repeat_interleave(6 // kv_heads, 1), attn_mask=mask)
+        out.backward(d_o.to(dtype))
+        return [out.detach(), qs.grad, ks.grad, vs.grad]
+
+    exact, theirs = sdpa(torch.float64), sdpa(torch.float16)
+    for name, mine, ref, other in zip(("o", "dq", "dk", "dv"), [o.detach(), q.grad, k.grad, v.grad], exact, theirs):
+        assert mine.shape == ref.shape and torch.isfinite(mine).all(), f"{name}: shape or NaN/Inf"
+        bound = 2 * max_error(other, ref) + 1e-3
+        assert max_error(mine, ref) <= bound, f"{name}: error {max_error(mine, ref):.3g} > {bound:.3g}"
