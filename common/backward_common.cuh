@@ -38,18 +38,12 @@ static __global__ void backward_delta(const Elem *o, const Elem *d_o, float *del
 
 // Enqueues backward_delta over all B*H*S rows, 16 rows per 128-thread block; with zero, it also
 // zeroes zero_floats (a multiple of 4) floats there. Returns the launch's error.
+template <typename Elem>
 static inline cudaError_t launch_backward_delta(const attn_shape *s, const attn_tensors *t, cudaStream_t stream,
                                                float *zero = NULL, size_t zero_floats = 0) {
     const int rows = (int)attention_rows(s), threads = 128, rows_per_block = threads / DELTA_LANES_PER_ROW;
-    const int blocks = ceil_div(rows, rows_per_block);
-    if (s->dtype == ATTN_BF16)
-        backward_delta<<<blocks, threads, 0, stream>>>((const __nv_bfloat16 *)t->o, (const __nv_bfloat16 *)t->d_o,
-                                                       scratch_delta(s, t), rows, s->dim, (float4 *)zero,
-                                                       zero_floats / 4);
-    else
-        backward_delta<<<blocks, threads, 0, stream>>>((const __half *)t->o, (const __half *)t->d_o,
-                                                       scratch_delta(s, t), rows, s->dim, (float4 *)zero,
-                                                       zero_floats / 4);
+    backward_delta<<<ceil_div(rows, rows_per_block), threads, 0, stream>>>(
+        (const Elem *)t->o, (const Elem *)t->d_o, scratch_delta(s, t), rows, s->dim, (float4 *)zero, zero_floats / 4);
     return cudaGetLastError();
 }
 
@@ -64,13 +58,10 @@ static __global__ void backward_dq_convert(const float *dq_accum, Elem *dq, size
 }
 
 // Enqueues backward_dq_convert over the whole dQ.
+template <typename Elem>
 static inline void launch_backward_dq_convert(const attn_shape *s, const attn_tensors *t, float scale,
                                               cudaStream_t stream) {
-    if (s->dtype == ATTN_BF16)
-        backward_dq_convert<<<1024, 256, 0, stream>>>(scratch_dq_accum(s, t), (__nv_bfloat16 *)t->dq, attn_elems(s),
-                                                      scale);
-    else
-        backward_dq_convert<<<1024, 256, 0, stream>>>(scratch_dq_accum(s, t), (__half *)t->dq, attn_elems(s), scale);
+    backward_dq_convert<<<1024, 256, 0, stream>>>(scratch_dq_accum(s, t), (Elem *)t->dq, attn_elems(s), scale);
 }
 
 #endif

@@ -20,7 +20,7 @@ inline constexpr bool is_bf16 = std::is_same_v<Elem, __nv_bfloat16>;
 
 // Two floats to one .b32 of two elements (lo in the low half), rounded to nearest: the A-operand
 // packing of P and dS, and how the kernels write their outputs two at a time.
-template <typename Elem = __half>
+template <typename Elem>
 __device__ inline uint32_t pack2(float lo, float hi) {
     if constexpr (is_bf16<Elem>) {
         __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);

@@ -51,21 +51,17 @@ __device__ inline void st_shared_b32(uint32_t address, uint32_t value) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
 }
 
-// D = A B + D for one 16x8x16 tile: fp16 or bf16 inputs, fp32 accumulation, in place.
-template <typename Elem = __half>
+// D = A B + D for one 16x8x16 tile: fp16 or bf16 inputs, fp32 accumulation, in place. The type is
+// the instruction's (a macro, so that both share one text, as wgmma's shapes do).
+#define MMA_M16N8K16(TYPE)                                                            \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 "       \
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <typename Elem>
 __device__ inline void mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    if constexpr (is_bf16<Elem>)
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (is_bf16<Elem>) MMA_M16N8K16("bf16");
+    else MMA_M16N8K16("f16");
 }
 
 // 16 bytes global -> shared without passing through registers. With `valid` false the 16 bytes

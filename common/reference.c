@@ -43,9 +43,8 @@ void reference_row_error(const attn_shape *shape, const float *q, const float *k
                          reference_error err) {
     const int S = shape->seq, D = shape->dim, S_kv = attn_kv_seq(shape);
     const size_t q_head = ((size_t)b * shape->heads + h) * (size_t)S * D;  // start of Q[b, h, :, :]
-    const size_t kv_head = ((size_t)b * attn_kv_heads(shape) + h / attn_group(shape)) * (size_t)S_kv * D;
-    // Causal: keys 0..row + S_kv - S (bottom-right: the last query sees every key).
-    const int n_keys = shape->causal ? row + 1 + attn_causal_offset(shape) : S_kv;
+    const size_t kv_head = ref_kv_start(shape, b, h);
+    const int n_keys = ref_keys_seen(shape, row);  // causal: bottom-right, the last query sees every key
     const int want_error = err.worst != NULL;
     const ref_rounding r = ref_rounding_of(shape->dtype);
     double *p = scratch, *sigma = want_error ? scratch + S_kv : NULL;

@@ -21,6 +21,15 @@ static inline ref_rounding ref_rounding_of(int dtype) {
 // 2^-23, not 2^-24, so that tensor cores' truncating accumulation is covered too.
 #define REF_F32_STEP 0x1p-23
 
+// Where K/V head h / (H / H_kv), the one query head h reads, starts in a [B, H_kv, S_kv, D] tensor;
+// and how many keys query i sees: all S_kv, or with the mask 0..i + S_kv - S (bottom-right).
+static inline size_t ref_kv_start(const attn_shape *s, int b, int h) {
+    return ((size_t)b * attn_kv_heads(s) + h / attn_group(s)) * (size_t)attn_kv_seq(s) * s->dim;
+}
+static inline int ref_keys_seen(const attn_shape *s, int i) {
+    return s->causal ? i + 1 + attn_causal_offset(s) : attn_kv_seq(s);
+}
+
 // Error magnitudes of a row's elements, in units of the shape's u (D doubles each; both or neither
 // NULL):
 //   worst: the first-order bound on a correct kernel's error, each rounding at its largest

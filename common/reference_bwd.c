@@ -41,17 +41,9 @@ static double dot(const float *a, const float *b, int D, double *magnitude) {
     return acc;
 }
 
-// Where Q[b, h, :, :] (and O, dO, dQ) starts, and where the K/V head that query head h reads does.
+// Where Q[b, h, :, :] (and O, dO, dQ) starts; ref_kv_start (reference.h) gives its K/V head's start.
 static size_t head_start(const attn_shape *s, int b, int h) {
     return ((size_t)b * s->heads + h) * (size_t)s->seq * s->dim;
-}
-static size_t kv_start(const attn_shape *s, int b, int h) {
-    return ((size_t)b * attn_kv_heads(s) + h / attn_group(s)) * (size_t)attn_kv_seq(s) * s->dim;
-}
-
-// The keys query i sees: all S_kv, or with the mask 0..i + S_kv - S (bottom-right).
-static int keys_seen(const attn_shape *s, int i) {
-    return s->causal ? i + 1 + attn_causal_offset(s) : attn_kv_seq(s);
 }
 
 static void *checked_malloc(size_t bytes) {
@@ -68,7 +60,7 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
                          reference_error delta_err) {
     const ref_rounding r = ref_rounding_of(shape->dtype);
     const int S = shape->seq, D = shape->dim, S_kv = attn_kv_seq(shape);
-    const size_t head = head_start(shape, b, h), kv = kv_start(shape, b, h);
+    const size_t head = head_start(shape, b, h), kv = ref_kv_start(shape, b, h);
     const double scale = 1.0 / sqrt((double)D);
     OMP_PARALLEL
     {
@@ -78,7 +70,7 @@ void reference_bwd_stats(const attn_shape *shape, const float *q, const float *k
     OMP_FOR_DYNAMIC  // causal rows differ in length
     for (int i = 0; i < S; i++) {
         const float *q_row = q + head + (size_t)i * D, *do_row = d_o + head + (size_t)i * D;
-        const int n_keys = keys_seen(shape, i);
+        const int n_keys = ref_keys_seen(shape, i);
         double row_max = -INFINITY, magnitude;
         for (int j = 0; j < n_keys; j++) {
             e[j] = scale * dot(q_row, k + kv + (size_t)j * D, D, &magnitude);
@@ -149,10 +141,10 @@ void reference_dq_row(const attn_shape *shape, const float *q, const float *k, c
                       reference_error delta_err, int i, double *dq_row, reference_error dq_err) {
     const ref_rounding r = ref_rounding_of(shape->dtype);
     const int D = shape->dim;
-    const size_t head = head_start(shape, b, h), kv = kv_start(shape, b, h);
+    const size_t head = head_start(shape, b, h), kv = ref_kv_start(shape, b, h);
     const double scale = 1.0 / sqrt((double)D);
     const float *q_row = q + head + (size_t)i * D, *do_row = d_o + head + (size_t)i * D;
-    const int n_keys = keys_seen(shape, i);
+    const int n_keys = ref_keys_seen(shape, i);
     double *pk = dq_err.worst ? checked_malloc(sizeof(double) * (size_t)D) : NULL;  // (P K)_i
     for (int d = 0; d < D; d++) {
         dq_row[d] = 0.0;
@@ -191,7 +183,7 @@ void reference_dkdv_row(const attn_shape *shape, const float *q, const float *k,
                         reference_error dk_err, reference_error dv_err) {
     const ref_rounding r = ref_rounding_of(shape->dtype);
     const int S = shape->seq, D = shape->dim, group = attn_group(shape);
-    const size_t kv = kv_start(shape, b, kv_h * group);
+    const size_t kv = ref_kv_start(shape, b, kv_h * group);
     const double scale = 1.0 / sqrt((double)D);
     const float *k_row = k + kv + (size_t)j * D, *v_row = v + kv + (size_t)j * D;
     const int want_error = dk_err.worst != NULL;

@@ -9,10 +9,10 @@
 
 extern const attn_stage STAGE;
 
-// The sizes of the two structs python/flash_stages/_library.py mirrors with ctypes. The loader
+// The sizes of the three structs python/flash_stages/_library.py mirrors with ctypes. The loader
 // compares them with its mirror's, so that a field added to attn.h and not to the mirror, or a
 // library built before the field, is an error instead of a misread table.
-const size_t flash_stages_struct_sizes[2] = {sizeof(attn_stage), sizeof(attn_tensors)};
+const size_t flash_stages_struct_sizes[3] = {sizeof(attn_stage), sizeof(attn_tensors), sizeof(attn_shape)};
 
 int flash_stages_set_device(int device) { return (int)cudaSetDevice(device); }
 

@@ -61,16 +61,17 @@ def library_dirs():
 
 
 def _check_mirror(lib, path):
-    """The library's attn_stage and attn_tensors are as large as their mirrors here: a struct that
-    gained a field on one side only would otherwise be misread, pointers taken for sizes."""
-    mirrors = (ctypes.sizeof(_StageTable), ctypes.sizeof(Tensors))
+    """The library's attn_stage, attn_tensors and attn_shape are as large as their mirrors here: a
+    struct that gained a field on one side only would otherwise be misread, pointers taken for
+    sizes or K/V lengths for heads."""
+    mirrors = (ctypes.sizeof(_StageTable), ctypes.sizeof(Tensors), ctypes.sizeof(Shape))
     try:
-        sizes = tuple((ctypes.c_size_t * 2).in_dll(lib, "flash_stages_struct_sizes"))
+        sizes = tuple((ctypes.c_size_t * 3).in_dll(lib, "flash_stages_struct_sizes"))
     except ValueError:  # the symbol is missing: a library built before the sizes were exported
         sizes = None
     if sizes != mirrors:
-        raise RuntimeError(f"flash_stages: {path} does not match flash_stages/_library.py (attn_stage, attn_tensors: "
-                           f"{sizes or 'unknown'} bytes in the library, {mirrors} in the mirror); rebuild the "
+        raise RuntimeError(f"flash_stages: {path} does not match flash_stages/_library.py (attn_stage, attn_tensors, "
+                           f"attn_shape: {sizes or 'unknown'} bytes in the library, {mirrors} in the mirror); rebuild the "
                            f"libraries from this source tree, or update the mirror of common/attn.h")
 
 

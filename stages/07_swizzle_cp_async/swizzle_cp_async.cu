@@ -144,8 +144,8 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
                     load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
 #pragma unroll
                     for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
-                        mma_m16n8k16(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
+                        mma_m16n8k16<__half>(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
+                        mma_m16n8k16<__half>(s_acc[m][2 * n + 1], q_frag[m], b[2], b[3]);
                     }
                 }
             }
@@ -200,10 +200,10 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
                 uint32_t p_frag[ROW_TILES][4];
 #pragma unroll
                 for (int m = 0; m < ROW_TILES; m++) {
-                    p_frag[m][0] = pack2(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
-                    p_frag[m][1] = pack2(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
-                    p_frag[m][2] = pack2(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
-                    p_frag[m][3] = pack2(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
+                    p_frag[m][0] = pack2<__half>(s_acc[m][2 * kk][0], s_acc[m][2 * kk][1]);
+                    p_frag[m][1] = pack2<__half>(s_acc[m][2 * kk][2], s_acc[m][2 * kk][3]);
+                    p_frag[m][2] = pack2<__half>(s_acc[m][2 * kk + 1][0], s_acc[m][2 * kk + 1][1]);
+                    p_frag[m][3] = pack2<__half>(s_acc[m][2 * kk + 1][2], s_acc[m][2 * kk + 1][3]);
                 }
 #pragma unroll
                 for (int n = 0; n < D / 16; n++) {
@@ -211,8 +211,8 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
                     load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
 #pragma unroll
                     for (int m = 0; m < ROW_TILES; m++) {
-                        mma_m16n8k16(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
-                        mma_m16n8k16(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
+                        mma_m16n8k16<__half>(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
+                        mma_m16n8k16<__half>(o_acc[m][2 * n + 1], p_frag[m], b[2], b[3]);
                     }
                 }
             }

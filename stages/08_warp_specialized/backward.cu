@@ -541,7 +541,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const float *lse = workspace_lse(s, t), *delta = scratch_delta(s, t);
     float *dq_accum = ATOMIC ? scratch_dq_accum(s, t) : NULL;
     // The delta pre-pass also zeroes dQ's sums.
-    cudaError_t err = launch_backward_delta(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);
+    cudaError_t err = launch_backward_delta<Elem>(s, t, stream, dq_accum, ATOMIC ? attn_elems(s) : 0);
     const int S_kv = attn_kv_seq(s), group = attn_group(s);
     const bool keys_past_s = S_kv % DkDv::OWN != 0;
     const auto dk_dv = keys_past_s ? backward_dk_dv<Elem, D, ATOMIC, true> : backward_dk_dv<Elem, D, ATOMIC, false>;
@@ -567,7 +567,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
             q, k, v, d_o, lse, delta, (Elem *)t->dq, s->seq, S_kv, group, first, scale, s->causal);
         first += c.count;
     }
-    if (ATOMIC) launch_backward_dq_convert(s, t, scale, stream);
+    if (ATOMIC) launch_backward_dq_convert<Elem>(s, t, scale, stream);
     return cudaGetLastError();
 }
 

@@ -828,7 +828,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     int *dq_heads_done = kEarlyDqConversion ? (int *)(dq_accum + dq_accum_elems(s)) : NULL;
     // The delta pre-pass also zeroes dQ's sums and the heads' counters.
     cudaError_t err =
-        launch_backward_delta(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
+        launch_backward_delta<Elem>(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
     const size_t smem = BwdLayout<D>::bytes;
     const bool keys_past_s = s->seq % BWD_OWN != 0;
     const auto dk_dv = keys_past_s ? backward_dk_dv<Elem, D, kAtomicDq, true> : backward_dk_dv<Elem, D, kAtomicDq, false>;
