@@ -42,14 +42,17 @@ def _runs_on(stage, capability):
 
 
 @functools.lru_cache(maxsize=None)
-def _default_stage(device_index):
-    # The course's order is its order of speed: the last stage with a backward pass that runs here.
+def _default_stage(device_index, grouped=False):
+    # The course's order is its order of speed: the last stage with a backward pass that runs here
+    # (and, with `grouped`, that takes K and V of their own heads and length).
     if not _library.load_stages():
         _stage(None)  # raises: no stage libraries, and where they were looked for
     capability = torch.cuda.get_device_capability(device_index)
-    trainable = [s.name for s in _library.load_stages().values() if s.has_backward and _runs_on(s, capability)]
+    trainable = [s.name for s in _library.load_stages().values()
+                 if s.has_backward and _runs_on(s, capability) and (s.runs_gqa or not grouped)]
     if not trainable:
-        raise RuntimeError("flash_stages: no stage with a backward pass runs on this GPU")
+        raise RuntimeError(f"flash_stages: no stage with a backward pass{' and grouped K/V' if grouped else ''} "
+                           f"runs on this GPU")
     return trainable[-1]
 
 
@@ -124,9 +127,10 @@ def _check_op_inputs(op, tensors):
                              f"{tuple(t.shape)} on {t.device}")
         if not t.is_contiguous():
             raise ValueError(f"flash_stages::{op}: {name} must be contiguous (attention() copies it first)")
-    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"flash_stages::{op}: k must be [batch, heads_kv, seq_kv, dim] with q's batch and dim and "
-                         f"heads_kv dividing q's heads, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if (k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape[1] < 1 or q.shape[1] % k.shape[1]
+            or k.shape[2] < 1):
+        raise ValueError(f"flash_stages::{op}: k must be [batch, heads_kv, seq_kv, dim] with q's batch and dim, "
+                         f"heads_kv dividing q's heads and seq_kv >= 1, got q {tuple(q.shape)} and k {tuple(k.shape)}")
 
 
 def _lse_shape(q, stage):
@@ -274,8 +278,9 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     scale·sqrt(dim) before the kernel: one extra pass over q and one more fp16 rounding of it
     (autograd carries the factor into dq).
 
-    stage: a name from :func:`stages`, or None for :func:`default_stage`. Stages without a backward
-    pass (01-07) raise an error when a gradient is required.
+    stage: a name from :func:`stages`, or None for :func:`default_stage` (or, where k and v have a
+    length of their own and that stage does not take it, the fastest that does). Stages without a
+    backward pass (01-07) raise an error when a gradient is required.
 
     return_lse: also return each row's log-sum-exp of the scaled scores, natural log, [batch, heads,
     seq] float32 (not differentiable), as FlashAttention's softmax_lse; stages with a backward pass only.
@@ -286,7 +291,7 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
         q, k, v = (t.to(autocast_dtype) if t.dtype == torch.float32 else t for t in (q, k, v))
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"flash_stages.attention: q, k and v must have one type, got {q.dtype}, {k.dtype}, {v.dtype}")
-    name = default_stage(q.device) if stage is None else stage
+    name = _stage_for(q, k, stage)
     st = _stage(name)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and not st.has_backward:
         trainable = ", ".join(s.name for s in _library.load_stages().values() if s.has_backward)
@@ -338,15 +343,27 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if heads % kv_heads:
             raise ValueError(f"flash_stages.scaled_dot_product_attention: key's {kv_heads} heads must divide "
                              f"query's {heads}")
-        key, value = _grouped_or_repeated(query, key, value, stage)
+        key, value, stage = _grouped_or_repeated(query, key, value, stage)
     return attention(query, key, value, causal=is_causal, scale=scale, stage=stage)
 
 
+def _stage_for(q, k, stage):
+    """The stage to run: `stage`, else the default; where k has a length of its own (a KV cache,
+    cross-attention) and the default does not take it, the fastest stage here that does."""
+    if stage is not None:
+        return stage
+    name = default_stage(q.device)
+    if k.shape[2] != q.shape[2] and not _stage(name).runs_gqa:
+        name = _default_stage(q.device.index if q.device.index is not None else torch.cuda.current_device(),
+                              grouped=True)
+    return name
+
+
 def _grouped_or_repeated(query, key, value, stage):
-    """key and value as they are where the stage reads grouped K/V heads itself, else repeated to
-    query's heads (a copy of each)."""
-    name = default_stage(query.device) if stage is None else stage
+    """(key, value, stage): the stage to run (_stage_for), with key and value as they are where it
+    reads grouped K/V heads itself, else repeated to query's heads (a copy of each)."""
+    name = _stage_for(query, key, stage)
     if _stage(name).runs_gqa or key.shape[1] == query.shape[1]:
-        return key, value
+        return key, value, name
     groups = query.shape[1] // key.shape[1]
-    return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1), name

@@ -31,7 +31,7 @@ def _is_causal_mask(mask, q_len, kv_len):
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                       **kwargs):
-    """transformers' attention function: query [B, H, S, D], key and value [B, H_kv, S, D] (grouped
+    """transformers' attention function: query [B, H, S, D], key and value [B, H_kv, S_kv, D] (grouped
     heads allowed); returns (output [B, S, H, D], None), as its SDPA function does."""
     if kwargs.get("sliding_window") is not None:
         raise ValueError("flash_stages: sliding-window attention is not supported")
@@ -43,10 +43,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         if not (causal and _is_causal_mask(attention_mask, query.shape[2], key.shape[2])):
             raise ValueError("flash_stages: only the causal mask of unpadded sequences is supported; got an "
                              "attention mask with padding or of another shape")
-    key, value = _grouped_or_repeated(query, key, value, None)
+    key, value, stage = _grouped_or_repeated(query, key, value, None)
     # Causal aligned bottom-right where a KV cache makes the keys outnumber the queries, as
     # transformers' FlashAttention integration does.
-    out = attention(query, key, value, causal=causal, scale=scaling)
+    out = attention(query, key, value, causal=causal, scale=scaling, stage=stage)
     return out.transpose(1, 2).contiguous(), None
 
 
