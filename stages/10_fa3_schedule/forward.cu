@@ -176,7 +176,7 @@
 #endif
 // In the overlap's loop at D = 128, the softmax compiled as two paths, masked and unmasked (1),
 // so that its exponentials run while the tensor cores finish P V, as the schedule means them to:
-// compiled as one path (0), ptxas places them after the wait for P V (the lesson counts the
+// compiled as one path (0), ptxas places them after the wait for P V (the notes count the
 // SASS), where nothing of the warpgroup's own runs beside them. Not at D = 64: there P V takes
 // half as long, and in trials outside the ablation builds the two paths were slower.
 #ifndef SOFTMAX_UNDER_PV
@@ -893,8 +893,8 @@ static size_t forward_scratch_bytes(const attn_shape *) { return kDynamicSchedul
 
 extern "C" const attn_stage STAGE = {
     .name = "10_fa3_schedule",
-    .idea = "producer warpgroup (TMA) and consumer warpgroups (wgmma) with mbarrier hand-off; FlashAttention-2 "
-        "backward (dK/dV and dQ kernels)",
+    .idea = "FlashAttention-3's schedule on stage 09's frame: S of the next key tile under the softmax, persistent "
+        "blocks, TMA stores; the backward's five products with dQ added by bulk reductions",
     .unsupported = unsupported_head_dim,
     .workspace_bytes = lse_workspace_bytes,
     .shared_bytes = shared_bytes,
