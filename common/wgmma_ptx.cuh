@@ -226,16 +226,37 @@ __device__ __forceinline__ void store_acc_tile(Elem *tile, int row0, const float
 //     1: M-major (A's columns are the tile's rows, as dS's are in a stored dSᵀ).
 //   TRANS_B = 0: B K-major (B's columns are the tile's rows, as K is for S = Q Kᵀ);
 //     1: N-major (B's rows are the tile's rows, as V's are for O = P V).
+// The accumulator of an m64nN wgmma as asm operands, one float register each ("+f"(d[i]), i < N / 2),
+// and their names in the instruction (%0 .. %(N / 2 - 1)): the operand list every shape below starts
+// with.
+#define WGMMA_D16                                                                                        \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define WGMMA_D32                                                                              \
+    WGMMA_D16,                                                                                 \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
+    "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31])
+#define WGMMA_D64                                                                              \
+    WGMMA_D32,                                                                                 \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), \
+    "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), \
+    "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), \
+    "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define WGMMA_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define WGMMA_R32 WGMMA_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WGMMA_R64                                                                                  \
+    WGMMA_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+              ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
 // D[64 x N] (+)= A B, A and B both from shared memory (descriptors).
-#define WGMMA_M64N32K16_SS(TYPE)                                                                               \
-    asm volatile(                                                                                              \
-        "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"                                                         \
-        " wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                                       \
-        "{"                                                                                                    \
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                 \
-        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"                                                                 \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+#define WGMMA_M64N32K16_SS(TYPE)                                              \
+    asm volatile(                                                             \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"                        \
+        " wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "      \
+        "{" WGMMA_R16 "}, %16, %17, p, 1, 1, %19, %20;\n}\n"                  \
+        : WGMMA_D16                                                           \
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
 template <typename Elem, int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n32k16_ss(float d[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -243,18 +264,12 @@ __device__ inline void wgmma_m64n32k16_ss(float d[16], uint64_t desc_a, uint64_t
     else WGMMA_M64N32K16_SS("f16");
 }
 
-#define WGMMA_M64N64K16_SS(TYPE)                                                                                  \
-    asm volatile(                                                                                                 \
-        "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"                                                            \
-        " wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                          \
-        "{"                                                                                                       \
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                          \
-        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                                                                    \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+#define WGMMA_M64N64K16_SS(TYPE)                                              \
+    asm volatile(                                                             \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"                        \
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "      \
+        "{" WGMMA_R32 "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                  \
+        : WGMMA_D32                                                           \
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
 template <typename Elem, int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n64k16_ss(float d[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -262,24 +277,12 @@ __device__ inline void wgmma_m64n64k16_ss(float d[32], uint64_t desc_a, uint64_t
     else WGMMA_M64N64K16_SS("f16");
 }
 
-#define WGMMA_M64N128K16_SS(TYPE)                                                                                 \
-    asm volatile(                                                                                                 \
-        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"                                                            \
-        " wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                         \
-        "{"                                                                                                       \
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                         \
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                         \
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                          \
-        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                                                                    \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+#define WGMMA_M64N128K16_SS(TYPE)                                             \
+    asm volatile(                                                             \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"                        \
+        " wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "     \
+        "{" WGMMA_R64 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                  \
+        : WGMMA_D64                                                           \
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
 template <typename Elem, int TRANS_A, int TRANS_B>
 __device__ inline void wgmma_m64n128k16_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -289,18 +292,12 @@ __device__ inline void wgmma_m64n128k16_ss(float d[64], uint64_t desc_a, uint64_
 
 // D[64 x N] (+)= A B, A (fp16 or bf16) from registers in mma.sync's A layout (each warp its 16 rows), B
 // from shared memory.
-#define WGMMA_M64N64K16_RS(TYPE)                                                                                  \
-    asm volatile(                                                                                                 \
-        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                                            \
-        " wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                          \
-        "{"                                                                                                       \
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                          \
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                                        \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+#define WGMMA_M64N64K16_RS(TYPE)                                                               \
+    asm volatile(                                                                              \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                         \
+        " wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                       \
+        "{" WGMMA_R32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                       \
+        : WGMMA_D32                                                                            \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
 template <typename Elem, int TRANS_B>
 __device__ inline void wgmma_m64n64k16_rs(float d[32], const uint32_t a[4], uint64_t desc_b, int scale_d) {
@@ -308,24 +305,12 @@ __device__ inline void wgmma_m64n64k16_rs(float d[32], const uint32_t a[4], uint
     else WGMMA_M64N64K16_RS("f16");
 }
 
-#define WGMMA_M64N128K16_RS(TYPE)                                                                                 \
-    asm volatile(                                                                                                 \
-        "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                                            \
-        " wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                         \
-        "{"                                                                                                       \
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                         \
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                         \
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                          \
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                                        \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+#define WGMMA_M64N128K16_RS(TYPE)                                                              \
+    asm volatile(                                                                              \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                         \
+        " wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                      \
+        "{" WGMMA_R64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                       \
+        : WGMMA_D64                                                                            \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
 template <typename Elem, int TRANS_B>
 __device__ inline void wgmma_m64n128k16_rs(float d[64], const uint32_t a[4], uint64_t desc_b, int scale_d) {
