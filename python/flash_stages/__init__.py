@@ -77,14 +77,6 @@ def _stage(name):
     return found[name]
 
 
-def _shape(q, k, causal):
-    batch, heads, seq, dim = (int(n) for n in q.shape)
-    kv_heads, kv_seq = int(k.shape[1]), int(k.shape[2])
-    # 0: as many as Q (attn.h), which every stage takes.
-    return _library.Shape(batch, heads, seq, dim, int(causal), _DTYPES[q.dtype], 0 if kv_heads == heads else kv_heads,
-                          0 if kv_seq == seq else kv_seq)
-
-
 def _pointer(t):
     return t.data_ptr() if t is not None and t.numel() > 0 else None
 
@@ -96,18 +88,36 @@ def _aligned(t):
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+_Plan = collections.namedtuple("_Plan", "stage shape refusal workspace_bytes forward_scratch_bytes "
+                                      "backward_scratch_bytes")
+
+
 @functools.lru_cache(maxsize=1024)
-def _why_not(stage_name, shape_key, device_index):
-    # Asked once per stage, shape and device: a training step calls the op many times, and the
-    # answer (shape, GPU generation, shared memory) does not change.
-    return _stage(stage_name).why_not(_library.Shape(*shape_key), device_index)
+def _plan(stage_name, shape_key, device_index):
+    # What a call needs from the stage's library, asked once per stage, shape and device: a
+    # training step calls the op many times, and the answers (whether the stage runs the shape
+    # here, its buffer sizes) do not change. Each answer is a ctypes call; a cached one is not.
+    st = _stage(stage_name)
+    shape = _library.Shape(*shape_key)
+    refusal = st.why_not(shape, device_index)
+    if refusal:
+        return _Plan(st, shape, refusal, 0, 0, 0)
+    return _Plan(st, shape, None, st.workspace_bytes(shape), st.forward_scratch_bytes(shape),
+                 st.backward_scratch_bytes(shape))
 
 
-def _check_runs(stage, shape, device):
-    key = (shape.batch, shape.heads, shape.seq, shape.dim, shape.causal, shape.dtype, shape.kv_heads, shape.kv_seq)
-    reason = _why_not(stage.name, key, device.index)
-    if reason:
-        raise ValueError(reason)
+def _plan_for(q, k, causal, stage_name):
+    """The stage's plan for these tensors, or a ValueError that says why the stage cannot run them."""
+    batch, heads, seq, dim = q.shape
+    kv_heads, kv_seq = k.shape[1], k.shape[2]
+    # kv_heads and kv_seq are 0 where they equal Q's: as many as Q (attn.h), which every stage takes.
+    key = (batch, heads, seq, dim, int(causal), _DTYPES[q.dtype], 0 if kv_heads == heads else kv_heads,
+           0 if kv_seq == seq else kv_seq)
+    device_index = q.device.index
+    plan = _plan(stage_name, key, device_index)
+    if plan.refusal:
+        raise ValueError(plan.refusal)
+    return plan
 
 
 def _check_op_inputs(op, tensors):
@@ -116,7 +126,7 @@ def _check_op_inputs(op, tensors):
     q, o and d_o [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv dividing H. attention() checks
     the same with friendlier messages and copies what it can; these checks make a direct call of
     torch.ops.flash_stages.* as safe. Whether the stage takes H_kv != H or S_kv != S, the stage says
-    (_check_runs)."""
+    (_plan_for)."""
     q, k = dict(tensors)["q"], dict(tensors)["k"]
     for name, t in tensors:
         like = k if name in ("k", "v") else q
@@ -140,6 +150,51 @@ def _lse_shape(q, stage):
     return tuple(q.shape[:3]) if _stage(stage).has_backward else (0,)
 
 
+def _stream(device_index):
+    # PyTorch's current stream on the device, as the raw cudaStream_t the launchers take.
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def _run_forward(q, k, v, causal, stage):
+    """(O, log-sum-exp) from the stage's forward, for tensors already checked: the op's body, and
+    the whole of the eager path (_Attention)."""
+    plan = _plan_for(q, k, causal, stage)
+    st = plan.stage
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    o = torch.empty_like(q)
+    lse = torch.empty(_lse_shape(q, stage), dtype=torch.float32, device=q.device)
+    workspace = lse if st.has_backward else torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
+    if st.has_backward and plan.workspace_bytes != lse.numel() * lse.element_size():
+        raise RuntimeError(f"flash_stages: stage {stage}'s workspace is not the row log-sum-exp the op expects")
+    # The forward's own temporaries (stage 10's tile counter): per call, so that forwards on two
+    # streams never share them. Once freed, the caching allocator hands its memory only to work
+    # queued after this call on the same stream.
+    scratch = torch.empty(plan.forward_scratch_bytes, dtype=torch.uint8, device=q.device)
+    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
+                               workspace=_pointer(workspace), forward_scratch=_pointer(scratch))
+    st.forward(plan.shape, tensors, q.device.index, _stream(q.device.index))
+    return o, lse
+
+
+def _run_backward(d_o, q, k, v, o, lse, causal, stage):
+    """(dQ, dK, dV) from the stage's backward, for tensors already checked. The kernels only read the
+    forward's O and log-sum-exp and write their own temporaries (delta, stage 08's float dQ) into
+    a scratch buffer of this call, so the op is pure without a copy, and a graph can be run
+    backward twice (retain_graph)."""
+    plan = _plan_for(q, k, causal, stage)
+    st = plan.stage
+    if not st.has_backward:
+        raise ValueError(f"flash_stages::backward: stage {stage} has a forward pass only")
+    d_o, q, k, v = _aligned(d_o), _aligned(q), _aligned(k), _aligned(v)
+    scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=q.device)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
+                               workspace=_pointer(lse), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
+                               dv=_pointer(dv), backward_scratch=_pointer(scratch))
+    st.backward(plan.shape, tensors, q.device.index, _stream(q.device.index))
+    return dq, dk, dv
+
+
 @torch.library.custom_op("flash_stages::forward", mutates_args=(), device_types="cuda")
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              stage: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,23 +202,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     that the backward recomputes P from: the stage's whole workspace, which autograd keeps until
     the backward. A forward-only stage's workspace (stage 01's scores) is a temporary of the call."""
     _check_op_inputs("forward", (("q", q), ("k", k), ("v", v)))
-    st = _stage(stage)
-    shape = _shape(q, k, causal)
-    _check_runs(st, shape, q.device)
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    o = torch.empty_like(q)
-    lse = torch.empty(_lse_shape(q, stage), dtype=torch.float32, device=q.device)
-    workspace = lse if st.has_backward else torch.empty(st.workspace_bytes(shape), dtype=torch.uint8, device=q.device)
-    if st.has_backward and st.workspace_bytes(shape) != lse.numel() * lse.element_size():
-        raise RuntimeError(f"flash_stages: stage {stage}'s workspace is not the row log-sum-exp the op expects")
-    # The forward's own temporaries (stage 10's tile counter): per call, so that forwards on two
-    # streams never share them. Once freed, the caching allocator hands its memory only to work
-    # queued after this call on the same stream.
-    scratch = torch.empty(st.forward_scratch_bytes(shape), dtype=torch.uint8, device=q.device)
-    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(workspace), forward_scratch=_pointer(scratch))
-    st.forward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
-    return o, lse
+    return _run_forward(q, k, v, causal, stage)
 
 
 @_forward.register_fake
@@ -174,25 +213,12 @@ def _(q, k, v, causal, stage):
 @torch.library.custom_op("flash_stages::backward", mutates_args=(), device_types="cuda")
 def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV. The kernels only read the forward's O and log-sum-exp and write their own
-    temporaries (delta, stage 08's float dQ) into a scratch buffer of this call, so the op is pure
-    without a copy, and a graph can be run backward twice (retain_graph)."""
+    """dQ, dK, dV (see _run_backward)."""
     _check_op_inputs("backward", (("d_o", d_o), ("q", q), ("k", k), ("v", v), ("o", o)))
-    st = _stage(stage)
-    shape = _shape(q, k, causal)
-    if not st.has_backward:
-        raise ValueError(f"flash_stages::backward: stage {stage} has a forward pass only")
     if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:3]) or not lse.is_contiguous():
         raise ValueError(f"flash_stages::backward: lse must be the forward's contiguous float32 [batch, heads, seq], "
                          f"got {lse.dtype} {tuple(lse.shape)}")
-    d_o, q, k, v = _aligned(d_o), _aligned(q), _aligned(k), _aligned(v)
-    scratch = torch.empty(st.backward_scratch_bytes(shape), dtype=torch.uint8, device=q.device)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(lse), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
-                               dv=_pointer(dv), backward_scratch=_pointer(scratch))
-    st.backward(shape, tensors, q.device.index, torch.cuda.current_stream(q.device).cuda_stream)
-    return dq, dk, dv
+    return _run_backward(d_o, q, k, v, o, lse, causal, stage)
 
 
 @_backward.register_fake
@@ -215,6 +241,31 @@ def _gradients(ctx, grad_o, grad_lse):
 
 
 _forward.register_autograd(_gradients, setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The eager path: the ops' own bodies under a plain autograd.Function, without the dispatcher.
+    A custom op's dispatch through torch.library, its autograd wrapper and its checks cost more per
+    call than the kernels take at small shapes; attention() checks its inputs itself, so outside
+    torch.compile (which traces the ops) it calls the bodies directly."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, stage):
+        o, lse = _run_forward(q, k, v, causal, stage)
+        ctx.mark_non_differentiable(lse)
+        # lse gets no gradient: without this, autograd would allocate and zero one for backward().
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.stage = causal, stage
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        if grad_o is None:  # nothing flowed back into O
+            return None, None, None, None, None
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _run_backward(grad_o.contiguous(), q, k, v, o, lse, ctx.causal, ctx.stage)
+        return dq, dk, dv, None, None
 
 
 def _autocast_dtype():
@@ -303,7 +354,11 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     dim = q.shape[-1]
     if scale is not None and not math.isclose(scale, 1.0 / math.sqrt(dim), rel_tol=1e-6):
         q = q * (scale * math.sqrt(dim))
-    o, lse_log2 = torch.ops.flash_stages.forward(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), name)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if torch.compiler.is_compiling():
+        o, lse_log2 = torch.ops.flash_stages.forward(q, k, v, bool(causal), name)
+    else:
+        o, lse_log2 = _Attention.apply(q, k, v, bool(causal), name)
     if return_lse:
         return o, lse_log2 * math.log(2.0)
     return o

@@ -89,6 +89,9 @@ class Stage:
         self.needs_sm90a = bool(self._table.needs_sm90a)
         self.runs_bf16 = bool(self._table.runs_bf16)
         self.runs_gqa = bool(self._table.runs_gqa)
+        # The launchers, read out of the table once: each read of a function field builds a new
+        # ctypes object, and a training step launches many times.
+        self._forward, self._backward = self._table.forward, self._table.backward
         lib = self._lib
         lib.flash_stages_set_device.argtypes, lib.flash_stages_set_device.restype = [ctypes.c_int], ctypes.c_int
         lib.flash_stages_error_string.argtypes, lib.flash_stages_error_string.restype = [ctypes.c_int], ctypes.c_char_p
@@ -121,10 +124,10 @@ class Stage:
         return None
 
     def forward(self, shape, tensors, device_index, stream):
-        self._launch(self._table.forward, "forward", shape, tensors, device_index, stream)
+        self._launch(self._forward, "forward", shape, tensors, device_index, stream)
 
     def backward(self, shape, tensors, device_index, stream):
-        self._launch(self._table.backward, "backward", shape, tensors, device_index, stream)
+        self._launch(self._backward, "backward", shape, tensors, device_index, stream)
 
     def _set_device(self, device_index):
         # The library has its own CUDA runtime, with its own current device.
