@@ -41,6 +41,22 @@ static inline int attn_kv_differs(const attn_shape *s) {
     return attn_kv_heads(s) != s->heads || attn_kv_seq(s) != s->seq;
 }
 
+// Where a tensor's rows lie, in elements: row s of head h of batch b starts at
+// b * batch + h * head + s * row, and its D elements follow it contiguously. row = 0 (a zeroed
+// struct) means contiguous [B, H, S, D], the layout every stage takes; the stages whose table says
+// runs_strided take any others, for instance [B, S, H, D] memory read as [B, H, S, D] (batch =
+// S H D, head = D, row = H D), as a model's projections leave Q, K and V.
+typedef struct {
+    long long batch, head, row;
+} attn_strides;
+
+// A tensor's strides, with row = 0 resolved to contiguous [B, `heads`, `seq`, D].
+static inline attn_strides attn_strides_of(attn_strides given, int heads, int seq, int dim) {
+    if (given.row) return given;
+    const attn_strides contiguous = {(long long)heads * seq * dim, (long long)seq * dim, dim};
+    return contiguous;
+}
+
 typedef struct {
     const void *q, *k, *v;  // device, [B, H, S, D] of shape->dtype, as are all the tensors below
     void *o;                // device, [B, H, S, D]
@@ -56,6 +72,9 @@ typedef struct {
     void *forward_scratch;  // device, forward_scratch_bytes(shape) bytes (NULL when 0): the
                             // forward's own temporaries (stage 10's tile counter), in any state
                             // on entry; nothing in it outlives the call.
+    // The tensors' strides above, for the stages whose table says runs_strided; all zero (the
+    // others) is contiguous [B, H, S, D].
+    attn_strides q_strides, k_strides, v_strides, o_strides, d_o_strides, dq_strides, dk_strides, dv_strides;
 } attn_tensors;
 
 // The fields a stage leaves out of its table (C++ designated initializers, in this order) are
@@ -102,6 +121,9 @@ typedef struct attn_stage {
     // 1 when the kernels take K and V with fewer heads or another length than Q (kv_heads,
     // kv_seq); the harness refuses such shapes for the other stages.
     int runs_gqa ATTN_OPTIONAL;
+    // 1 when the kernels read and write every tensor through its strides (attn_tensors); the
+    // others are handed contiguous [B, H, S, D] tensors only.
+    int runs_strided ATTN_OPTIONAL;
 } attn_stage;
 
 // Defined by the stage being built into this executable.

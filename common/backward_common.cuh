@@ -8,20 +8,23 @@
 
 // delta_i = dO_i . O_i, the term every dS = P ∘ (dP - delta) needs: eight lanes per row, each
 // reading 16 bytes (8 elements) of O and of dO at a time, so that a warp has four rows' loads in
-// flight at once (D is a multiple of 64). It also zeroes `zero_vec4` float4s at `zero` (an atomic
-// dQ's sums; none: NULL, 0), which saves a launch.
+// flight at once (D is a multiple of 64). Row i is row i % S of flat head i / S, wherever its
+// strides put it in O and dO; delta is [B, H, S]. It also zeroes `zero_vec4` float4s at `zero` (an
+// atomic dQ's sums; none: NULL, 0), which saves a launch.
 #define DELTA_LANES_PER_ROW 8
 template <typename Elem>
-static __global__ void backward_delta(const Elem *o, const Elem *d_o, float *delta, int rows, int D,
-                                      float4 *zero, size_t zero_vec4) {
+static __global__ void backward_delta(const Elem *o, RowLayout o_rows, const Elem *d_o, RowLayout d_o_rows,
+                                      float *delta, int rows, int S, int D, float4 *zero, size_t zero_vec4) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < zero_vec4; i += (size_t)gridDim.x * blockDim.x)
         zero[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / DELTA_LANES_PER_ROW;
     const int part = threadIdx.x % DELTA_LANES_PER_ROW;
     if (row >= (size_t)rows) return;  // the row's eight lanes leave together
+    const Elem *o_row = o + o_rows.offset((int)(row / S), (int)(row % S));
+    const Elem *d_o_row = d_o + d_o_rows.offset((int)(row / S), (int)(row % S));
     float sum = 0.0f;
     for (int d = 8 * part; d < D; d += 8 * DELTA_LANES_PER_ROW) {
-        const uint4 a = *(const uint4 *)(o + row * D + d), b = *(const uint4 *)(d_o + row * D + d);
+        const uint4 a = *(const uint4 *)(o_row + d), b = *(const uint4 *)(d_o_row + d);
         const uint32_t a2[4] = {a.x, a.y, a.z, a.w}, b2[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -43,7 +46,9 @@ static inline cudaError_t launch_backward_delta(const attn_shape *s, const attn_
                                                float *zero = NULL, size_t zero_floats = 0) {
     const int rows = (int)attention_rows(s), threads = 128, rows_per_block = threads / DELTA_LANES_PER_ROW;
     backward_delta<<<ceil_div(rows, rows_per_block), threads, 0, stream>>>(
-        (const Elem *)t->o, (const Elem *)t->d_o, scratch_delta(s, t), rows, s->dim, (float4 *)zero, zero_floats / 4);
+        (const Elem *)t->o, row_layout(t->o_strides, s->heads, s->seq, s->dim), (const Elem *)t->d_o,
+        row_layout(t->d_o_strides, s->heads, s->seq, s->dim), scratch_delta(s, t), rows, s->seq, s->dim, (float4 *)zero,
+        zero_floats / 4);
     return cudaGetLastError();
 }
 

@@ -59,6 +59,7 @@ static const char *DTYPE_NAMES[2] = {"fp16", "bf16"};
 typedef struct {
     attn_shape shape;
     int bench, backward;
+    int seq_major;  // --layout bshd: the device tensors are [B, S, H, D], read through strides
     int iters, warmup;
     unsigned long long seed;
     // The generated inputs are N(mean, std^2), per tensor (T_Q, T_K, T_V and T_DO).
@@ -84,6 +85,9 @@ static void usage(FILE *out) {
             "  --kv-heads N   heads of K and V, a divisor of H (grouped-query attention; default H)\n"
             "  --kv-seq N     keys per head (a KV cache, cross-attention; default S); with --causal,\n"
             "                 aligned bottom-right: query i sees keys 0..i + N - S, and N >= S\n"
+            "  --layout L     the device tensors' memory order: bhsd ([B, H, S, D], the default) or\n"
+            "                 bshd ([B, S, H, D], handed to the kernels as strides), for the stages\n"
+            "                 whose kernels read strides\n"
             "  --dtype T      element type of the tensors: fp16 (the default) or bf16, for the stages\n"
             "                 whose kernels take it; the check's unit roundoff follows (2^-11, 2^-8)\n"
             "  --check        run once and compare with the float64 CPU reference (the default)\n"
@@ -160,6 +164,13 @@ static int parse_dtype(const char *text) {
     exit(EXIT_USAGE);
 }
 
+static int parse_layout(const char *text) {
+    if (text && !strcmp(text, "bhsd")) return 0;
+    if (text && !strcmp(text, "bshd")) return 1;
+    die_usage("--layout must be bhsd or bshd, got '%s'", text ? text : "");
+    return 0;
+}
+
 static options parse_options(int argc, char **argv) {
     options opt = {.shape = {.batch = 1, .heads = 8, .seq = 512, .dim = 64, .causal = 0},
                    .iters = 30,
@@ -182,6 +193,7 @@ static options parse_options(int argc, char **argv) {
         else if (!strcmp(a, "--std")) parse_tensor_value(a, next, 0x1p-24, INPUT_STD_MAX, opt.std), shaped = 1, i++;
         else if (!strcmp(a, "--causal")) opt.shape.causal = 1;
         else if (!strcmp(a, "--dtype")) opt.shape.dtype = parse_dtype(next), i++;
+        else if (!strcmp(a, "--layout")) opt.seq_major = parse_layout(next), i++;
         else if (!strcmp(a, "--kv-heads")) opt.shape.kv_heads = (int)parse_integer(a, next, 1, INT_MAX), i++;
         else if (!strcmp(a, "--kv-seq")) opt.shape.kv_seq = (int)parse_integer(a, next, 1, INT_MAX), i++;
         else if (!strcmp(a, "--check")) { /* the default: every run is checked */ }
@@ -205,6 +217,8 @@ static options parse_options(int argc, char **argv) {
     if (attn_kv_differs(&opt.shape) && (opt.load_dir || opt.save_dir || opt.csv_path))
         die_usage("%s takes Q, K and V of one shape; leave out --kv-heads and --kv-seq",
                   opt.load_dir ? "--load" : opt.save_dir ? "--save" : "--csv");
+    if (opt.seq_major && opt.csv_path)
+        die_usage("%s records [B, H, S, D] runs only; leave out --layout bshd", "--csv");
     if (opt.shape.dtype != ATTN_FP16 && (opt.load_dir || opt.save_dir))
         die_usage("%s reads and writes fp16 .npy files (NumPy has no bf16); leave out --dtype bf16",
                   opt.load_dir ? "--load" : "--save");
@@ -279,6 +293,51 @@ static void load_inputs(const char *dir, int backward, attn_shape *shape, uint16
         exit(EXIT_USAGE);
     }
     shape->batch = first[0], shape->heads = first[1], shape->seq = first[2], shape->dim = first[3];
+}
+
+// --layout bshd: the device holds each tensor as [B, S, H, D], the kernels read it through
+// strides, and the host's copies (inputs, reference, checks) stay [B, H, S, D].
+static int tensor_is_kv(int t) { return t == T_K || t == T_V || t == T_DK || t == T_DV; }
+
+static attn_strides seq_major_strides(const attn_shape *s, int t) {
+    const long long H = tensor_is_kv(t) ? attn_kv_heads(s) : s->heads, S = tensor_is_kv(t) ? attn_kv_seq(s) : s->seq;
+    const attn_strides st = {S * H * s->dim, s->dim, H * s->dim};
+    return st;
+}
+
+// dst = src with its head and row axes swapped: [B, H, S, D] to [B, S, H, D] (to_seq_major), or back.
+static void swap_heads_and_rows(uint16_t *dst, const uint16_t *src, const attn_shape *s, int t, int to_seq_major) {
+    const size_t H = tensor_is_kv(t) ? attn_kv_heads(s) : s->heads, S = tensor_is_kv(t) ? attn_kv_seq(s) : s->seq;
+    const size_t D = s->dim;
+    for (size_t b = 0; b < (size_t)s->batch; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t r = 0; r < S; r++) {
+                const size_t bhsd = ((b * H + h) * S + r) * D, bshd = ((b * S + r) * H + h) * D;
+                memcpy(dst + (to_seq_major ? bshd : bhsd), src + (to_seq_major ? bhsd : bshd), D * sizeof(uint16_t));
+            }
+}
+
+// Tensor t's host copy to the device and back, in the run's layout.
+static void upload(void *device, const uint16_t *host, size_t n, const attn_shape *s, int t, int seq_major) {
+    if (!seq_major) {
+        CUDA_CHECK(cudaMemcpy(device, host, 2 * n, cudaMemcpyHostToDevice));
+        return;
+    }
+    uint16_t *swapped = xmalloc(2 * n);
+    swap_heads_and_rows(swapped, host, s, t, 1);
+    CUDA_CHECK(cudaMemcpy(device, swapped, 2 * n, cudaMemcpyHostToDevice));
+    free(swapped);
+}
+
+static void download(uint16_t *host, const void *device, size_t n, const attn_shape *s, int t, int seq_major) {
+    if (!seq_major) {
+        CUDA_CHECK(cudaMemcpy(host, device, 2 * n, cudaMemcpyDeviceToHost));
+        return;
+    }
+    uint16_t *swapped = xmalloc(2 * n);
+    CUDA_CHECK(cudaMemcpy(swapped, device, 2 * n, cudaMemcpyDeviceToHost));
+    swap_heads_and_rows(host, swapped, s, t, 0);
+    free(swapped);
 }
 
 static void save_tensors(const char *dir, const attn_shape *s, uint16_t *const host[], int count) {
@@ -423,6 +482,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", refusal);
         return EXIT_UNSUPPORTED;
     }
+    if (opt.seq_major && !STAGE.runs_strided) {
+        fprintf(stderr, "%s: this stage's kernels read contiguous [B, H, S, D] tensors only; leave out --layout bshd\n",
+                program_name);
+        return EXIT_UNSUPPORTED;
+    }
 
     int devices = 0;
     cudaError_t device_err = cudaGetDeviceCount(&devices);
@@ -483,11 +547,16 @@ int main(int argc, char **argv) {
     void *dev_ptr[N_TENSORS] = {NULL};
     for (int t = 0; t < n_tensors; t++) {
         CUDA_CHECK(cudaMalloc(&dev_ptr[t], 2 * elems[t]));
-        if (t <= T_V || t == T_DO) CUDA_CHECK(cudaMemcpy(dev_ptr[t], host[t], 2 * elems[t], cudaMemcpyHostToDevice));
+        if (t <= T_V || t == T_DO) upload(dev_ptr[t], host[t], elems[t], shape, t, opt.seq_major);
     }
     attn_tensors dev = {0};
     dev.q = dev_ptr[T_Q], dev.k = dev_ptr[T_K], dev.v = dev_ptr[T_V], dev.o = dev_ptr[T_O];
     dev.d_o = dev_ptr[T_DO], dev.dq = dev_ptr[T_DQ], dev.dk = dev_ptr[T_DK], dev.dv = dev_ptr[T_DV];
+    if (opt.seq_major) {
+        attn_strides *strides[N_TENSORS] = {&dev.q_strides,   &dev.k_strides,  &dev.v_strides,  &dev.o_strides,
+                                            &dev.d_o_strides, &dev.dq_strides, &dev.dk_strides, &dev.dv_strides};
+        for (int t = 0; t < N_TENSORS; t++) *strides[t] = seq_major_strides(shape, t);
+    }
     if (workspace) CUDA_CHECK(cudaMalloc(&dev.workspace, workspace));
     if (scratch) CUDA_CHECK(cudaMalloc(&dev.backward_scratch, scratch));
     if (forward_scratch) CUDA_CHECK(cudaMalloc(&dev.forward_scratch, forward_scratch));
@@ -500,7 +569,7 @@ int main(int argc, char **argv) {
     if (forward_scratch) CUDA_CHECK(cudaMemsetAsync(dev.forward_scratch, 0xff, forward_scratch, stream));
     run_pass(STAGE.forward, shape, &dev, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    CUDA_CHECK(cudaMemcpy(host[T_O], dev.o, bytes, cudaMemcpyDeviceToHost));
+    download(host[T_O], dev.o, n, shape, T_O, opt.seq_major);
 
     float *f32[N_TENSORS] = {NULL};  // float copies of the inputs for the reference
     for (int t = 0; t < n_tensors; t++) {
@@ -525,7 +594,7 @@ int main(int argc, char **argv) {
         run_pass(STAGE.backward, shape, &dev, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         for (int t = T_DQ; t <= T_DV; t++)
-            CUDA_CHECK(cudaMemcpy(host[t], dev_ptr[t], 2 * elems[t], cudaMemcpyDeviceToHost));
+            download(host[t], dev_ptr[t], elems[t], shape, t, opt.seq_major);
         const uint16_t *grads[3] = {host[T_DQ], host[T_DK], host[T_DV]};
         bwd_result = check_backward(shape, f32[T_Q], f32[T_K], f32[T_V], f32[T_DO], grads);
         check_print_backward(shape, &bwd_result);

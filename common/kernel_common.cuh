@@ -14,6 +14,22 @@ __host__ __device__ inline size_t head_offset(int b, int h, int H, int S, int D)
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Where a tensor's rows lie on the device (attn_strides, resolved), and how many heads it has, so
+// that a kernel's flat head index (b * heads + h) finds its batch and head.
+struct RowLayout {
+    long long batch, head, row;  // element strides
+    int heads;
+    // The first element of row `r` of flat head `head_index`.
+    __host__ __device__ size_t offset(int head_index, int r) const {
+        return (size_t)(head_index / heads) * batch + (size_t)(head_index % heads) * head + (size_t)r * row;
+    }
+};
+// A tensor of `heads` heads of `seq` rows, as attn_tensors describes it (strides all zero: contiguous).
+inline RowLayout row_layout(attn_strides given, int heads, int seq, int dim) {
+    const attn_strides st = attn_strides_of(given, heads, seq, dim);
+    return {st.batch, st.head, st.row, heads};
+}
+
 // A grid of one block per (tile, head) puts the tiles of one head's rows along x and the B * H
 // heads along y and z; its kernels number a block's head blockIdx.z * gridDim.y + blockIdx.y. CUDA
 // allows at most 65,535 blocks along y and along z, so a launcher covers the heads in chunks of

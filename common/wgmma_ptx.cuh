@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "attn.h"
+#include "kernel_common.cuh"
 #include "mma_ptx.cuh"
 
 // True in the device pass that targets sm_90a; the other passes (sm_80 and friends) compile the
@@ -173,6 +174,25 @@ __device__ inline void tma_load_3d(void *smem_dst, const CUtensorMap *map, int x
 __device__ inline void tma_store_3d(const CUtensorMap *map, const void *smem_src, int x, int y, int z) {
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(map),
                  "r"(smem_address(smem_src)), "r"(x), "r"(y), "r"(z)
+                 : "memory");
+}
+
+// The same for the 4-D tensor maps of make_tensor_map (coordinates: column, row, head, batch);
+// head_coords splits a kernel's flat head index b * heads + h into the last two.
+struct HeadCoords {
+    int head, batch;
+};
+__device__ inline HeadCoords head_coords(int head_index, int heads) { return {head_index % heads, head_index / heads}; }
+__device__ inline void tma_load_4d(void *smem_dst, const CUtensorMap *map, int x, int y, int z, int w, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
+            "r"(smem_address(smem_dst)),
+        "l"(map), "r"(x), "r"(y), "r"(z), "r"(w), "r"(smem_address(bar))
+        : "memory");
+}
+__device__ inline void tma_store_4d(const CUtensorMap *map, const void *smem_src, int x, int y, int z, int w) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+                 "r"(smem_address(smem_src)), "r"(x), "r"(y), "r"(z), "r"(w)
                  : "memory");
 }
 
@@ -358,11 +378,8 @@ __device__ inline void pack_a_frags(uint32_t frag[N / 16][4], const float *acc) 
         for (int i = 0; i < 4; i++) frag[kk][i] = pack2<Elem>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
 }
 
-// Host: a TMA tensor map for one [B*H, S, D] tensor of `dtype` (attn_dtype: fp16 or bf16), read or
-// written in boxes of `box_rows` rows x 64 columns (one 128-byte swizzled slab). The driver
-// function is found through the runtime, so the programs need no -lcuda.
-static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *tensor, int dtype, int heads_total,
-                                               int S, int D, int box_rows) {
+// Host: the driver's cuTensorMapEncodeTiled, found through the runtime, so the programs need no -lcuda.
+static inline cudaError_t tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000 *encode_out) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
     if (!encode) {
         cudaDriverEntryPointQueryResult found;
@@ -371,15 +388,43 @@ static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *ten
         if (err != cudaSuccess) return err;
         if (found != cudaDriverEntryPointSuccess || !encode) return cudaErrorNotSupported;
     }
+    *encode_out = encode;
+    return cudaSuccess;
+}
+
+// Host: a tensor map of `rank` dimensions (dims and byte strides innermost first) of `dtype`
+// (attn_dtype: fp16 or bf16), read or written in boxes of `box_rows` rows x 64 columns (one
+// 128-byte swizzled slab).
+static inline cudaError_t encode_tensor_map(CUtensorMap *map, const void *tensor, int dtype, int rank,
+                                            const cuuint64_t *dims, const cuuint64_t *byte_strides, int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode;
+    const cudaError_t err = tensor_map_encoder(&encode);
+    if (err != cudaSuccess) return err;
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType type = dtype == ATTN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUresult r = encode(map, type, (cuuint32_t)rank, (void *)tensor, dims, byte_strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Host: a TMA tensor map for one contiguous [B*H, S, D] tensor, coordinates (column, row, head).
+static inline cudaError_t make_tensor_map_bhsd(CUtensorMap *map, const void *tensor, int dtype, int heads_total,
+                                               int S, int D, int box_rows) {
     const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)heads_total};
     const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)S * D * 2};  // bytes, dims 1 and 2
-    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1};
-    const cuuint32_t element_strides[3] = {1, 1, 1};
-    const CUtensorMapDataType type = dtype == ATTN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const CUresult r = encode(map, type, 3, (void *)tensor, dims, strides, box,
-                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return encode_tensor_map(map, tensor, dtype, 3, dims, strides, box_rows);
+}
+
+// Host: a TMA tensor map for a [B, H, S, D] tensor laid out by `rows` (its strides, RowLayout),
+// coordinates (column, row, head, batch): any strides that are multiples of 16 bytes, so that
+// [B, S, H, D] memory reads as [B, H, S, D] without a copy.
+static inline cudaError_t make_tensor_map(CUtensorMap *map, const void *tensor, int dtype, const RowLayout &rows,
+                                          int batch, int S, int D, int box_rows) {
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)rows.heads, (cuuint64_t)batch};
+    const cuuint64_t strides[3] = {(cuuint64_t)rows.row * 2, (cuuint64_t)rows.head * 2, (cuuint64_t)rows.batch * 2};
+    return encode_tensor_map(map, tensor, dtype, 4, dims, strides, box_rows);
 }
 
 #endif

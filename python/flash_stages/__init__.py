@@ -20,11 +20,12 @@ from . import _library
 
 __all__ = ["attention", "scaled_dot_product_attention", "stages", "default_stage", "StageInfo"]
 
-StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16 grouped_heads")
+StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16 grouped_heads strided")
 StageInfo.__doc__ = """A stage: its name, its idea in one line, whether it has a backward pass (can
 train), whether it needs an H100/H200 (sm_90a instructions), whether it takes bf16 as well as fp16,
-and whether its kernels take K and V with fewer heads (grouped-query attention) or another length
-(a KV cache, cross-attention) than Q."""
+whether its kernels take K and V with fewer heads (grouped-query attention) or another length
+(a KV cache, cross-attention) than Q, and whether they read tensors through their strides (a
+[batch, seq, heads, dim] tensor transposed, without a copy)."""
 
 # The element types the kernels take, as attn.h's attn_dtype numbers them.
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
@@ -32,7 +33,7 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 
 def stages():
     """The stages found, in course order. Any of them is a valid ``stage=`` of :func:`attention`."""
-    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16, s.runs_gqa)
+    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16, s.runs_gqa, s.runs_strided)
             for s in _library.load_stages().values()]
 
 
@@ -81,10 +82,37 @@ def _pointer(t):
     return t.data_ptr() if t is not None and t.numel() > 0 else None
 
 
+def _readable(stage, t):
+    """Whether `stage`'s kernels read t as it is: contiguous, or, for a stage that reads strides, a
+    last dimension of stride 1 and batch, head and row strides that are positive multiples of 8
+    elements (16 bytes, as the TMA engine needs) wherever that dimension has more than one index."""
+    if t.is_contiguous():
+        return True
+    if not stage.runs_strided or (t.stride(3) != 1 and t.shape[3] > 1):
+        return False
+    return all(size == 1 or (stride > 0 and stride % 8 == 0) for size, stride in zip(t.shape[:3], t.stride()[:3]))
+
+
+def _for_stage(stage, t):
+    """t, or where the stage cannot read it as it is (_readable), a contiguous copy."""
+    return t if _readable(stage, t) else t.contiguous()
+
+
+def _strides(stage, t):
+    """t's attn_strides for a stage that reads strides (zeros, contiguous, for the others). A
+    dimension of one index gets its contiguous stride, which no element is read through."""
+    if not stage.runs_strided:
+        return _library.Strides()
+    _, heads, seq, dim = t.shape
+    contiguous = (heads * seq * dim, seq * dim, dim)
+    batch, head, row = (c if size == 1 else s for size, s, c in zip(t.shape[:3], t.stride()[:3], contiguous))
+    return _library.Strides(batch, head, row)
+
+
 def _aligned(t):
     # The kernels load rows 16 bytes at a time (cp.async, TMA, vector loads), so a tensor must
     # start on a 16-byte boundary; a contiguous view that starts mid-allocation (x[1:]) may not.
-    # Such a view is copied, as non-contiguous inputs are.
+    # Such a view is copied (keeping its strides), as tensors the stage cannot read are.
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
@@ -120,13 +148,14 @@ def _plan_for(q, k, causal, stage_name):
     return plan
 
 
-def _check_op_inputs(op, tensors):
-    """What the kernels assume of the tensors they are handed: contiguous fp16 or bf16 tensors of one
-    type on one CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here),
-    q, o and d_o [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv dividing H. attention() checks
-    the same with friendlier messages and copies what it can; these checks make a direct call of
-    torch.ops.flash_stages.* as safe. Whether the stage takes H_kv != H or S_kv != S, the stage says
-    (_plan_for)."""
+def _check_op_inputs(op, stage, tensors):
+    """What the kernels assume of the tensors they are handed: fp16 or bf16 tensors of one type on one
+    CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here), q, o and d_o
+    [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv dividing H, in a layout the stage reads
+    (_readable). attention() checks the same with friendlier messages and copies what it can; these
+    checks make a direct call of torch.ops.flash_stages.* as safe. Whether the stage takes
+    H_kv != H or S_kv != S, the stage says (_plan_for)."""
+    st = _stage(stage)
     q, k = dict(tensors)["q"], dict(tensors)["k"]
     for name, t in tensors:
         like = k if name in ("k", "v") else q
@@ -135,8 +164,9 @@ def _check_op_inputs(op, tensors):
             raise ValueError(f"flash_stages::{op}: {name} must be a float16 or bfloat16 [batch, heads, seq, dim] "
                              f"tensor of {'k' if like is k else 'q'}'s type, shape and device, got {t.dtype} "
                              f"{tuple(t.shape)} on {t.device}")
-        if not t.is_contiguous():
-            raise ValueError(f"flash_stages::{op}: {name} must be contiguous (attention() copies it first)")
+        if not _readable(st, t):
+            raise ValueError(f"flash_stages::{op}: {name} must be contiguous{' or have strides the kernels read' if st.runs_strided else ''} "
+                             f"for stage {stage} (attention() copies it first)")
     if (k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape[1] < 1 or q.shape[1] % k.shape[1]
             or k.shape[2] < 1):
         raise ValueError(f"flash_stages::{op}: k must be [batch, heads_kv, seq_kv, dim] with q's batch and dim, "
@@ -161,7 +191,7 @@ def _run_forward(q, k, v, causal, stage):
     plan = _plan_for(q, k, causal, stage)
     st = plan.stage
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    o = torch.empty_like(q)
+    o = torch.empty_like(q)  # in q's layout where the stage reads strides and q is dense, else contiguous
     lse = torch.empty(_lse_shape(q, stage), dtype=torch.float32, device=q.device)
     workspace = lse if st.has_backward else torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
     if st.has_backward and plan.workspace_bytes != lse.numel() * lse.element_size():
@@ -171,7 +201,9 @@ def _run_forward(q, k, v, causal, stage):
     # queued after this call on the same stream.
     scratch = torch.empty(plan.forward_scratch_bytes, dtype=torch.uint8, device=q.device)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(workspace), forward_scratch=_pointer(scratch))
+                               workspace=_pointer(workspace), forward_scratch=_pointer(scratch),
+                               q_strides=_strides(st, q), k_strides=_strides(st, k), v_strides=_strides(st, v),
+                               o_strides=_strides(st, o))
     st.forward(plan.shape, tensors, q.device.index, _stream(q.device.index))
     return o, lse
 
@@ -190,7 +222,10 @@ def _run_backward(d_o, q, k, v, o, lse, causal, stage):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
                                workspace=_pointer(lse), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
-                               dv=_pointer(dv), backward_scratch=_pointer(scratch))
+                               dv=_pointer(dv), backward_scratch=_pointer(scratch),
+                               q_strides=_strides(st, q), k_strides=_strides(st, k), v_strides=_strides(st, v),
+                               o_strides=_strides(st, o), d_o_strides=_strides(st, d_o), dq_strides=_strides(st, dq),
+                               dk_strides=_strides(st, dk), dv_strides=_strides(st, dv))
     st.backward(plan.shape, tensors, q.device.index, _stream(q.device.index))
     return dq, dk, dv
 
@@ -201,7 +236,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     """O and, for a stage with a backward pass, the row log-sum-exp (log2 units, [B, H, S] float32)
     that the backward recomputes P from: the stage's whole workspace, which autograd keeps until
     the backward. A forward-only stage's workspace (stage 01's scores) is a temporary of the call."""
-    _check_op_inputs("forward", (("q", q), ("k", k), ("v", v)))
+    _check_op_inputs("forward", stage, (("q", q), ("k", k), ("v", v)))
     return _run_forward(q, k, v, causal, stage)
 
 
@@ -214,7 +249,7 @@ def _(q, k, v, causal, stage):
 def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (see _run_backward)."""
-    _check_op_inputs("backward", (("d_o", d_o), ("q", q), ("k", k), ("v", v), ("o", o)))
+    _check_op_inputs("backward", stage, (("d_o", d_o), ("q", q), ("k", k), ("v", v), ("o", o)))
     if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:3]) or not lse.is_contiguous():
         raise ValueError(f"flash_stages::backward: lse must be the forward's contiguous float32 [batch, heads, seq], "
                          f"got {lse.dtype} {tuple(lse.shape)}")
@@ -236,7 +271,8 @@ def _setup_context(ctx, inputs, output):
 
 def _gradients(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.flash_stages.backward(grad_o.contiguous(), q, k, v, o, lse, ctx.causal, ctx.stage)
+    grad_o = _for_stage(_stage(ctx.stage), grad_o)
+    dq, dk, dv = torch.ops.flash_stages.backward(grad_o, q, k, v, o, lse, ctx.causal, ctx.stage)
     return dq, dk, dv, None, None
 
 
@@ -264,7 +300,7 @@ class _Attention(torch.autograd.Function):
         if grad_o is None:  # nothing flowed back into O
             return None, None, None, None, None
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _run_backward(grad_o.contiguous(), q, k, v, o, lse, ctx.causal, ctx.stage)
+        dq, dk, dv = _run_backward(_for_stage(_stage(ctx.stage), grad_o), q, k, v, o, lse, ctx.causal, ctx.stage)
         return dq, dk, dv, None, None
 
 
@@ -321,8 +357,10 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     h // (heads / heads_kv)) and seq_kv differ from seq (a KV cache, cross-attention) in the stages
     whose StageInfo says grouped_heads; with ``causal`` the mask is aligned bottom-right, as
     FlashAttention's: query i sees keys 0..i + seq_kv - seq, so causal needs seq_kv >= seq.
-    Non-contiguous inputs (e.g. a [batch, seq, heads, dim] tensor transposed), and views that do
-    not start on a 16-byte boundary, are copied first.
+    A stage whose StageInfo says strided (stage 10) reads q, k, v and dO through their strides, so
+    a [batch, seq, heads, dim] tensor transposed to [batch, heads, seq, dim] runs without a copy,
+    and O and the gradients come out in the inputs' layout; the other stages get non-contiguous
+    inputs copied first. Views that do not start on a 16-byte boundary are copied for every stage.
 
     scale: None, or within a relative 1e-6 of 1/sqrt(dim) (as ``dim ** -0.5`` is), means 1/sqrt(dim),
     which the kernels apply themselves. Any other value is applied by multiplying q by
@@ -354,7 +392,7 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     dim = q.shape[-1]
     if scale is not None and not math.isclose(scale, 1.0 / math.sqrt(dim), rel_tol=1e-6):
         q = q * (scale * math.sqrt(dim))
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = _for_stage(st, q), _for_stage(st, k), _for_stage(st, v)
     if torch.compiler.is_compiling():
         o, lse_log2 = torch.ops.flash_stages.forward(q, k, v, bool(causal), name)
     else:

@@ -15,12 +15,20 @@ class Shape(ctypes.Structure):
                                                   "kv_seq")]
 
 
-class Tensors(ctypes.Structure):
-    """``attn_tensors``, field for field: device pointers (NULL where unused)."""
+class Strides(ctypes.Structure):
+    """``attn_strides``: where a tensor's rows lie, in elements (row = 0: contiguous [B, H, S, D])."""
 
-    _fields_ = [(name, ctypes.c_void_p)
-                for name in ("q", "k", "v", "o", "workspace", "d_o", "dq", "dk", "dv", "backward_scratch",
-                             "forward_scratch")]
+    _fields_ = [(name, ctypes.c_longlong) for name in ("batch", "head", "row")]
+
+
+class Tensors(ctypes.Structure):
+    """``attn_tensors``, field for field: device pointers (NULL where unused), then each tensor's
+    strides (all zero: contiguous)."""
+
+    _fields_ = ([(name, ctypes.c_void_p)
+                 for name in ("q", "k", "v", "o", "workspace", "d_o", "dq", "dk", "dv", "backward_scratch",
+                              "forward_scratch")]
+                + [(name + "_strides", Strides) for name in ("q", "k", "v", "o", "d_o", "dq", "dk", "dv")])
 
 
 _UNSUPPORTED = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.POINTER(Shape))
@@ -44,6 +52,7 @@ class _StageTable(ctypes.Structure):
         ("needs_sm90a", ctypes.c_int),
         ("runs_bf16", ctypes.c_int),
         ("runs_gqa", ctypes.c_int),
+        ("runs_strided", ctypes.c_int),
     ]
 
 
@@ -89,6 +98,7 @@ class Stage:
         self.needs_sm90a = bool(self._table.needs_sm90a)
         self.runs_bf16 = bool(self._table.runs_bf16)
         self.runs_gqa = bool(self._table.runs_gqa)
+        self.runs_strided = bool(self._table.runs_strided)
         # The launchers, read out of the table once: each read of a function field builds a new
         # ctypes object, and a training step launches many times.
         self._forward, self._backward = self._table.forward, self._table.backward

@@ -180,7 +180,7 @@ def test_autocast_runs_float32_inputs_in_fp16():
 
 @pytest.mark.parametrize("case, words", [
     ("fp32", "must be a float16"),
-    ("strided", "must be contiguous"),
+    ("strided", "must be contiguous for stage 08_warp_specialized"),
     ("shapes", "of k's type, shape and device"),
 ])
 def test_the_op_itself_checks_its_inputs(case, words):
@@ -191,8 +191,9 @@ def test_the_op_itself_checks_its_inputs(case, words):
         q = q.transpose(1, 2)
     elif case == "shapes":
         v = v[:, :, :32].contiguous()
+    # Stage 08 reads contiguous tensors only (stage 10 reads a transposed q through its strides).
     with pytest.raises(ValueError, match=words):
-        torch.ops.flash_stages.forward(q, k, v, False, flash_stages.default_stage())
+        torch.ops.flash_stages.forward(q, k, v, False, "08_warp_specialized")
 
 
 def test_the_op_is_for_cuda_tensors_only():
@@ -281,6 +282,35 @@ def test_scale_and_non_contiguous_inputs():
     theirs = sdpa_with_grads(q, k, v, d_o, True, torch.float16, scale=0.3)
     for mine, ref, fp16 in zip([o, q.grad, k.grad, v.grad], exact, theirs):
         assert max_error(mine, ref) <= 2 * max_error(fp16, ref) + 1e-3
+
+
+@pytest.mark.parametrize("stage", TRAINING_STAGES)
+@pytest.mark.parametrize("layout", ["bshd", "fused_qkv"])
+def test_strided_layouts(stage, layout):
+    # [B, S, H, D] tensors seen as [B, H, S, D], and q, k, v as slices of one fused projection
+    # [B, S, 3, H, D] (strided, not dense). A stage that reads strides takes them as they are and
+    # gives O and the gradients in q's layout where q is dense; the others get copies.
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    batch, seq, heads, dim = 2, 333, 3, 64
+    if layout == "bshd":
+        q, k, v, d_o = (t.transpose(1, 2) for t in inputs((batch, seq, heads, dim), seed=21))
+    else:
+        fused, d_o = inputs((batch, seq, 3, heads, dim), seed=22)[:2]
+        q, k, v = (t.transpose(1, 2) for t in fused.unbind(2))
+        d_o = d_o[:, :, 0].transpose(1, 2)
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    assert not q.is_contiguous()
+    o = flash_stages.attention(q, k, v, causal=True, stage=stage)
+    o.backward(d_o)
+    strided = {s.name: s for s in flash_stages.stages()}[stage].strided
+    if strided and layout == "bshd":
+        assert o.stride() == q.stride() and q.grad.stride() == q.stride()
+    exact = sdpa_with_grads(q, k, v, d_o, True, torch.float64)
+    theirs = sdpa_with_grads(q, k, v, d_o, True, torch.float16)
+    for name, mine, ref, fp16 in zip(("o", "dq", "dk", "dv"), [o, q.grad, k.grad, v.grad], exact, theirs):
+        assert torch.isfinite(mine).all(), f"{name} has NaN or Inf"
+        assert max_error(mine, ref) <= 2 * max_error(fp16, ref) + 1e-3, name
 
 
 @pytest.mark.parametrize("stage", TRAINING_STAGES)

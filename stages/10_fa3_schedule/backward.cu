@@ -32,7 +32,7 @@
 // What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
 // warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers; dQ
 // added by bulk reductions from a writer thread instead of by each warp's atomics; dK and dV
-// written by TMA stores.
+// written by TMA stores; every tensor read and written through its strides, as in the forward.
 // Limits: Hopper only; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and dQ
 // products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
 // without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the
@@ -214,22 +214,22 @@ __device__ inline BwdSmem<Elem> bwd_smem(unsigned char *raw) {
 template <typename Elem, int D>
 __device__ inline void bwd_produce(const BwdSmem<Elem> &m, const CUtensorMap *own_a, const CUtensorMap *own_b,
                                    const CUtensorMap *walk_a, const CUtensorMap *walk_b, int own0, int walk0,
-                                   int n_tiles, int head_index) {
+                                   int n_tiles, HeadCoords at) {
     using L = BwdLayout<D>;
     tma_prefetch_descriptor(own_a), tma_prefetch_descriptor(own_b);
     tma_prefetch_descriptor(walk_a), tma_prefetch_descriptor(walk_b);
     mbarrier_arrive_expect_tx(m.own_full, 2 * ELEM_BYTES * L::OWN_ELEMS);
     for (int c = 0; c < D / 64; c++) {
-        tma_load_3d(m.own_a + c * BWD_OWN * 64, own_a, c * 64, own0, head_index, m.own_full);
-        tma_load_3d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, head_index, m.own_full);
+        tma_load_4d(m.own_a + c * BWD_OWN * 64, own_a, c * 64, own0, at.head, at.batch, m.own_full);
+        tma_load_4d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, at.head, at.batch, m.own_full);
     }
     for (int tile = 0; tile < n_tiles; tile++) {
         const int slot = ring_wait_empty<L::STAGES, true>(m.empty, tile);
         mbarrier_arrive_expect_tx(&m.full[slot], 2 * ELEM_BYTES * L::WALK_ELEMS);
         for (int c = 0; c < D / 64; c++) {
             const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
-            tma_load_3d(m.walk_a + dst, walk_a, c * 64, walk0 + tile * BWD_WALK, head_index, &m.full[slot]);
-            tma_load_3d(m.walk_b + dst, walk_b, c * 64, walk0 + tile * BWD_WALK, head_index, &m.full[slot]);
+            tma_load_4d(m.walk_a + dst, walk_a, c * 64, walk0 + tile * BWD_WALK, at.head, at.batch, &m.full[slot]);
+            tma_load_4d(m.walk_b + dst, walk_b, c * 64, walk0 + tile * BWD_WALK, at.head, at.batch, &m.full[slot]);
         }
     }
 }
@@ -284,9 +284,11 @@ template <typename Elem, int D, bool REGS> struct OwnOperands {
     }
 };
 
-// Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to a [S, D] matrix.
+// Rows g and g + 8 of this warp (row0..) of a 64 x D accumulator, times factor, to head
+// `head_index` of a tensor laid out by `rows`.
 template <typename Elem, int D>
-__device__ inline void store_rows(Elem *dst, const float acc[D / 2], float factor, int row0, int S, int lane) {
+__device__ inline void store_rows(Elem *dst, const RowLayout &rows, int head_index, const float acc[D / 2], float factor,
+                                  int row0, int S, int lane) {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -294,7 +296,7 @@ __device__ inline void store_rows(Elem *dst, const float acc[D / 2], float facto
         if (row >= S) continue;
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
-            *(uint32_t *)(dst + (size_t)row * D + j * 8 + 2 * t) =
+            *(uint32_t *)(dst + rows.offset(head_index, row) + j * 8 + 2 * t) =
                 pack2<Elem>(acc[4 * j + 2 * r] * factor, acc[4 * j + 2 * r + 1] * factor);
     }
 }
@@ -383,7 +385,7 @@ __device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], con
 template <typename Elem, int D, bool BOTH_GROUPS>
 __device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const float (&dv_acc)[D / 2], const BwdSmem<Elem> &m,
                                             const CUtensorMap *dk_map, const CUtensorMap *dv_map, Elem *dk, Elem *dv,
-                                            float scale, int S, int head_index, int k0, int consumer, int group_row0,
+                                            const RowLayout &dk_rows, const RowLayout &dv_rows, float scale, int S, int head_index, int k0, int consumer, int group_row0,
                                             int warp_row0, int warp_key0, int lane, int g, int t) {
     if constexpr (kTmaStoreDkDv) {
         // The owned tiles become the staging tiles once no warpgroup reads them: where a
@@ -399,18 +401,18 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const 
         fence_proxy_async_shared();
         named_barrier_sync(2 + consumer, 128);
         if (threadIdx.x % 128 == 0) {
+            const HeadCoords at = head_coords(head_index, dk_rows.heads);
             for (int c = 0; c < D / 64; c++) {
                 const int offset = c * BWD_OWN * 64 + group_row0 * 64;
-                tma_store_3d(dk_map, m.own_a + offset, c * 64, k0 + group_row0, head_index);
-                tma_store_3d(dv_map, m.own_b + offset, c * 64, k0 + group_row0, head_index);
+                tma_store_4d(dk_map, m.own_a + offset, c * 64, k0 + group_row0, at.head, at.batch);
+                tma_store_4d(dv_map, m.own_b + offset, c * 64, k0 + group_row0, at.head, at.batch);
             }
             bulk_commit();
             bulk_wait_read<0>();  // the block's shared memory must outlive the stores' reads
         }
     } else {
-        const size_t head = (size_t)head_index * S * D;
-        store_rows<Elem, D>(dk + head, dk_acc, scale, warp_key0, S, lane);
-        store_rows<Elem, D>(dv + head, dv_acc, 1.0f, warp_key0, S, lane);
+        store_rows<Elem, D>(dk, dk_rows, head_index, dk_acc, scale, warp_key0, S, lane);
+        store_rows<Elem, D>(dv, dv_rows, head_index, dv_acc, 1.0f, warp_key0, S, lane);
     }
 }
 
@@ -509,7 +511,7 @@ __device__ __forceinline__ void issue_tile_products(float (&dq_acc)[DQ_COLS / 2]
 template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
 __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUtensorMap *dk_map, const CUtensorMap *dv_map,
                                                const float *lse_log2, const float *delta, Elem *dk, Elem *dv,
-                                               float *dq_accum, int S, float scale, int causal, int head_index, int k0,
+                                               const RowLayout &dk_rows, const RowLayout &dv_rows, float *dq_accum, int S, float scale, int causal, int head_index, int k0,
                                                int first_tile, int n_tiles) {
     const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
@@ -596,7 +598,8 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
     }
     wgmma_wait<0>();
     fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-    store_dk_dv<Elem, D, kDqReadsBothGroups>(dk_acc, dv_acc, m, dk_map, dv_map, dk, dv, scale, S, head_index, k0, consumer,
+    store_dk_dv<Elem, D, kDqReadsBothGroups>(dk_acc, dv_acc, m, dk_map, dv_map, dk, dv, dk_rows, dv_rows, scale, S, head_index,
+                                       k0, consumer,
                                        group_row0, warp_row0, warp_key0, lane, g, t);
 }
 
@@ -611,12 +614,12 @@ __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                const __grid_constant__ CUtensorMap dk_map, const __grid_constant__ CUtensorMap dv_map,
-               const float *lse_log2, const float *delta, Elem *dk, Elem *dv, float *dq_accum,
-               int *dq_heads_done, int S, float scale, int causal) {
+               const float *lse_log2, const float *delta, Elem *dk, Elem *dv, RowLayout dk_rows, RowLayout dv_rows,
+               float *dq_accum, int *dq_heads_done, int first_head, int S, float scale, int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: K, V; walked: Q, dO
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;  // b * H + h (head_chunk)
     const int k0 = blockIdx.x * BWD_OWN;
     const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
     const int n_tiles = ceil_div(S, BWD_WALK) - first_tile;
@@ -629,17 +632,20 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
-            bwd_produce<Elem, D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles, head_index);
+            bwd_produce<Elem, D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles,
+                                 head_coords(head_index, dk_rows.heads));
         if (ATOMIC && kBulkReduceDq && threadIdx.x == 32)
             write_dq<Elem, D>(m, dq_accum, dq_heads_done, S, head_index, first_tile, n_tiles);
     } else {
         setmaxnreg_inc<240>();
-        dk_dv_consumer<Elem, D, ATOMIC, KEYS_PAST_S>(m, &dk_map, &dv_map, lse_log2, delta, dk, dv, dq_accum, S, scale, causal,
+        dk_dv_consumer<Elem, D, ATOMIC, KEYS_PAST_S>(m, &dk_map, &dv_map, lse_log2, delta, dk, dv, dk_rows, dv_rows, dq_accum,
+                                               S, scale, causal,
                                                head_index, k0, first_tile, n_tiles);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)dk_map, (void)dv_map, (void)lse_log2, (void)delta;
-    (void)dk, (void)dv, (void)dq_accum, (void)dq_heads_done, (void)S, (void)scale, (void)causal, (void)kTmaStoreDkDv;
+    (void)dk, (void)dv, (void)dk_rows, (void)dv_rows, (void)dq_accum, (void)dq_heads_done, (void)first_head, (void)S,
+        (void)scale, (void)causal, (void)kTmaStoreDkDv;
 #endif
 }
 
@@ -648,11 +654,12 @@ template <typename Elem, int D>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
             const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-            const float *lse_log2, const float *delta, Elem *dq, int S, float scale, int causal) {
+            const float *lse_log2, const float *delta, Elem *dq, RowLayout dq_rows, int first_head, int S, float scale,
+            int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: Q, dO; walked: K, V
-    const int head_index = blockIdx.z * gridDim.y + blockIdx.y;
+    const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;  // b * H + h (head_chunk)
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int q0 = q_block * BWD_OWN;
     const int n_tiles = ceil_div(causal ? min(S, q0 + BWD_OWN) : S, BWD_WALK);
@@ -660,7 +667,8 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
-        if (threadIdx.x == 0) bwd_produce<Elem, D>(m, &q_map, &do_map, &k_map, &v_map, q0, 0, n_tiles, head_index);
+        if (threadIdx.x == 0)
+            bwd_produce<Elem, D>(m, &q_map, &do_map, &k_map, &v_map, q0, 0, n_tiles, head_coords(head_index, dq_rows.heads));
     } else {
         setmaxnreg_inc<240>();
         const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -729,24 +737,25 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         }
         wgmma_wait<0>();
         fence_operands<D / 2>(dq_acc);
-        store_rows<Elem, D>(dq + (size_t)head_index * S * D, dq_acc, scale, warp_query0, S, lane);
+        store_rows<Elem, D>(dq, dq_rows, head_index, dq_acc, scale, warp_query0, S, lane);
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq;
+    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq, (void)dq_rows, (void)first_head;
     (void)S, (void)scale, (void)causal, (void)kCrossTileOverlap;
 #endif
 }
 
-// dQ = scale * the float sums of the atomic dQ, un-permuted from the staging order
-// (dq_stage_index) into [B, H, S, D] fp16, one block per staged 64 x D tile: the block reads the
-// tile in order (16-byte loads, coalesced), each float4 being columns c, c + 1 of rows r and r + 8,
-// writes them as fp16 into the tile's place in shared memory, then stores whole rows (16-byte
-// stores, coalesced); the padded rows past S are not stored. With kEarlyDqConversion it starts while
-// backward_dk_dv's last blocks still run, and waits until all key blocks of its head (BWD_OWN keys
-// each, as backward_dk_dv's grid has them) have counted themselves done in dq_heads_done.
+// dQ = scale * the float sums of the atomic dQ, un-permuted from the staging order (dq_stage_index)
+// into dQ's rows (wherever its strides put them) as fp16 or bf16, one block per staged 64 x D tile:
+// the block reads the tile in order (16-byte loads, coalesced), each float4 being columns c, c + 1
+// of rows r and r + 8, writes them as fp16 into the tile's place in shared memory, then stores
+// whole rows (16-byte stores, coalesced); the padded rows past S are not stored. With
+// kEarlyDqConversion it starts while backward_dk_dv's last blocks still run, and waits until all
+// key blocks of its head (BWD_OWN keys each, as backward_dk_dv's grid has them) have counted
+// themselves done in dq_heads_done.
 template <typename Elem, int D>
 __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_accum, const int *dq_heads_done,
-                                                             Elem *dq, int S, float scale) {
+                                                             Elem *dq, RowLayout dq_rows, int S, float scale) {
     // Rows 16 bytes longer than D: the 8 rows a warp's fp16 pairs fall in start in other banks.
     constexpr int PITCH = D + 8;
     __shared__ __align__(16) Elem tile_rows[BWD_WALK * PITCH];
@@ -776,11 +785,10 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
         *(uint32_t *)&tile_rows[(row + 8) * PITCH + col] = pack2<Elem>(x.z * scale, x.w * scale);
     }
     __syncthreads();
-    Elem *head_dq = dq + (size_t)head_index * S * D;
     for (int i = threadIdx.x; i < BWD_WALK * D / 8; i += blockDim.x) {
         const int row = i / (D / 8), col = i % (D / 8) * 8;
         if (row0 + row < S)
-            *(uint4 *)(head_dq + (size_t)(row0 + row) * D + col) = *(const uint4 *)&tile_rows[row * PITCH + col];
+            *(uint4 *)(dq + dq_rows.offset(head_index, row0 + row) + col) = *(const uint4 *)&tile_rows[row * PITCH + col];
     }
     // The stream's next kernel starts once this one has finished: with its last block waiting
     // for backward_dk_dv here, not before backward_dk_dv has finished too (its dK and dV stores).
@@ -797,26 +805,38 @@ static size_t dq_heads_done_count(const attn_shape *s) {
     return kEarlyDqConversion ? ((size_t)s->batch * s->heads + 3) / 4 * 4 : 0;
 }
 
-// The TMA maps of a chunk of heads (head_chunk), from its first head on: Q, K, V and dO in boxes
-// of BWD_OWN rows (owned tiles) and of BWD_WALK rows (walked tiles), and dK and dV, stored a
+// The TMA maps of the whole tensors, each through its strides (attn_tensors): Q, K, V and dO in
+// boxes of BWD_OWN rows (owned tiles) and of BWD_WALK rows (walked tiles), and dK and dV, stored a
 // warpgroup's 64 rows at a time (kTmaStoreDkDv).
 struct BwdMaps {
     CUtensorMap own[4], walk[4];  // q, k, v, do
     CUtensorMap dk, dv;
 };
 
+// Each tensor's RowLayout, from its strides in attn_tensors.
+struct BwdRows {
+    RowLayout q, k, v, d_o, dq, dk, dv;
+};
+
+static BwdRows bwd_rows(const attn_shape *s, const attn_tensors *t) {
+    const int H = s->heads, S = s->seq, D = s->dim;
+    return {row_layout(t->q_strides, H, S, D),  row_layout(t->k_strides, H, S, D),  row_layout(t->v_strides, H, S, D),
+            row_layout(t->d_o_strides, H, S, D), row_layout(t->dq_strides, H, S, D), row_layout(t->dk_strides, H, S, D),
+            row_layout(t->dv_strides, H, S, D)};
+}
+
 template <typename Elem, int D>
-static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_tensors *t, const head_chunk &c) {
-    const size_t offset = (size_t)c.first * s->seq * D;
-    const Elem *tensors[4] = {(const Elem *)t->q + offset, (const Elem *)t->k + offset,
-                                (const Elem *)t->v + offset, (const Elem *)t->d_o + offset};
+static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_tensors *t, const BwdRows &rows) {
+    const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
+    const RowLayout layouts[4] = {rows.q, rows.k, rows.v, rows.d_o};
+    const int B = s->batch, S = s->seq;
     cudaError_t err = cudaSuccess;
     for (int i = 0; i < 4 && err == cudaSuccess; i++) {
-        err = make_tensor_map_bhsd(&maps->own[i], tensors[i], s->dtype, c.count, s->seq, D, BWD_OWN);
-        if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->walk[i], tensors[i], s->dtype, c.count, s->seq, D, BWD_WALK);
+        err = make_tensor_map(&maps->own[i], tensors[i], s->dtype, layouts[i], B, S, D, BWD_OWN);
+        if (err == cudaSuccess) err = make_tensor_map(&maps->walk[i], tensors[i], s->dtype, layouts[i], B, S, D, BWD_WALK);
     }
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dk, (Elem *)t->dk + offset, s->dtype, c.count, s->seq, D, 64);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&maps->dv, (Elem *)t->dv + offset, s->dtype, c.count, s->seq, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map(&maps->dk, t->dk, s->dtype, rows.dk, B, S, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map(&maps->dv, t->dv, s->dtype, rows.dv, B, S, D, 64);
     return err;
 }
 
@@ -835,6 +855,9 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, smem);
     if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<Elem, D>, smem);
     const float scale = 1.0f / sqrtf((float)D);
+    const BwdRows rows = bwd_rows(s, t);
+    BwdMaps maps;
+    if (err == cudaSuccess) err = make_bwd_maps<Elem, D>(&maps, s, t, rows);
     // After backward_delta, each kernel is a dependent launch (kDependentLaunch): its blocks set up
     // (barriers, the owned tiles' TMA loads) while the kernel before finishes, and wait for it
     // (grid_dependency_wait) only where they read what it wrote.
@@ -843,25 +866,20 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         kernel<<<blocks, threads, shared_bytes, stream>>>(args...);
         return cudaGetLastError();
     };
-    const size_t dq_head_elems = dq_accum_elems(s) / heads_total;  // a head's padded rows of the float dQ
-    for (int first = 0; first < heads_total && err == cudaSuccess;) {  // in chunks of heads (head_chunk)
+    // In chunks of heads (head_chunk); the kernels number heads b * H + h from the chunk's first on.
+    for (int first = 0; first < heads_total && err == cudaSuccess;) {
         const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, BWD_OWN));
-        const size_t offset = (size_t)first * s->seq * D, rows = (size_t)first * s->seq;
-        BwdMaps maps;
-        err = make_bwd_maps<Elem, D>(&maps, s, t, c);
-        if (err == cudaSuccess)
-            err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2],
-                         maps.walk[3], maps.dk, maps.dv, lse + rows, delta + rows, (Elem *)t->dk + offset,
-                         (Elem *)t->dv + offset, kAtomicDq ? dq_accum + first * dq_head_elems : NULL,
-                         kEarlyDqConversion ? dq_heads_done + first : NULL, s->seq, scale, s->causal);
+        err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2], maps.walk[3], maps.dk,
+                     maps.dv, lse, delta, (Elem *)t->dk, (Elem *)t->dv, rows.dk, rows.dv, dq_accum, dq_heads_done, first,
+                     s->seq, scale, s->causal);
         if (err == cudaSuccess && !kAtomicDq)
             err = launch(backward_dq<Elem, D>, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
-                         maps.own[3], lse + rows, delta + rows, (Elem *)t->dq + offset, s->seq, scale, s->causal);
+                         maps.own[3], lse, delta, (Elem *)t->dq, rows.dq, first, s->seq, scale, s->causal);
         first += c.count;
     }
     if (err == cudaSuccess && kAtomicDq)
         err = launch(backward_dq_unpermute<Elem, D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
-                     (const float *)dq_accum, (const int *)dq_heads_done, (Elem *)t->dq, s->seq, scale);
+                     (const float *)dq_accum, (const int *)dq_heads_done, (Elem *)t->dq, rows.dq, s->seq, scale);
     return err;
 }
 

@@ -37,7 +37,9 @@
 //     instead of after 4-byte global stores from every thread.
 // What changed from stage 09: the schedule above; ex2.approx for 2^x; three consumer warpgroups
 // at D = 64 where the mask and length allow; the log-sum-exp (log2 units) written to the workspace
-// for the backward pass (backward.cu), as stage 08's forward writes it.
+// for the backward pass (backward.cu), as stage 08's forward writes it; every tensor read and
+// written through its strides (4-D tensor maps, column, row, head and batch: make_tensor_map), so
+// that [B, S, H, D] memory, as a model's projections leave Q, K and V, needs no copy.
 // The kernel, wgmma_forward, is a skeleton over named steps: produce (the producer loop), then per
 // query tile attend_overlapped or attend_in_order (the consumer loop, over online_softmax) and
 // store_query_tile (the epilogue); FwdRings lays out shared memory, and KvReader and
@@ -442,7 +444,7 @@ template <typename Elem, int D, int GROUPS, bool SPLIT> struct FwdRings {
 template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &r, const CUtensorMap *q_map,
                                         const CUtensorMap *k_map, const CUtensorMap *v_map,
-                                        const Schedule &schedule, int S, int causal) {
+                                        const Schedule &schedule, int S, int heads, int causal) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
@@ -452,7 +454,7 @@ __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &
     for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
         for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
             const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
-            const int head_index = schedule.head<DYNAMIC>(unit);
+            const HeadCoords hc = head_coords(schedule.head<DYNAMIC>(unit), heads);
             const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
             const int q_slot = free_q_slot(tiles_done);
             // DYNAMIC (one tile a unit, one Q slot): the next unit is claimed as this one's Q is
@@ -464,20 +466,20 @@ __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &
             }
             mbarrier_arrive_expect_tx(&r.q_full[q_slot], ELEM_BYTES * L::Q_ELEMS);
             for (int c = 0; c < D / SLAB; c++)
-                tma_load_3d(r.q_ring + q_slot * L::Q_ELEMS + c * BLOCK_ROWS * SLAB, q_map, c * SLAB, q0, head_index,
-                            &r.q_full[q_slot]);
+                tma_load_4d(r.q_ring + q_slot * L::Q_ELEMS + c * BLOCK_ROWS * SLAB, q_map, c * SLAB, q0, hc.head,
+                            hc.batch, &r.q_full[q_slot]);
             for (int tile = 0; tile < n_tiles; tile++, ring++) {
                 const int row = tile * KEY_TILE;
                 const int k_slot = ring_wait_empty<K_STAGES, true>(r.k_empty, ring);
                 mbarrier_arrive_expect_tx(&r.k_full[k_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
-                    tma_load_3d(r.k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, k_map, c * SLAB, row,
-                                head_index, &r.k_full[k_slot]);
+                    tma_load_4d(r.k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, k_map, c * SLAB, row,
+                                hc.head, hc.batch, &r.k_full[k_slot]);
                 const int v_slot = ring_wait_empty<V_STAGES, true>(r.v_empty, ring);
                 mbarrier_arrive_expect_tx(&r.v_full[v_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
-                    tma_load_3d(r.v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, v_map, c * SLAB, row,
-                                head_index, &r.v_full[v_slot]);
+                    tma_load_4d(r.v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, v_map, c * SLAB, row,
+                                hc.head, hc.batch, &r.v_full[v_slot]);
             }
         }
     }
@@ -539,8 +541,8 @@ __device__ __forceinline__ void merge_shared_out_parts(float (&o_acc)[D / 2], fl
 template <typename Elem, int D, int GROUPS, bool SPLIT>
 __device__ __forceinline__ void store_query_tile(const float (&o_acc)[D / 2], const float (&row_max)[2],
                                                  const float (&row_sum)[2], const FwdRings<Elem, D, GROUPS, SPLIT> &rings,
-                                                 const CUtensorMap *o_map, Elem *o, float *lse_log2, int S,
-                                                 int head_index, int q0, int first_query, int warp_row0, int consumer,
+                                                 const CUtensorMap *o_map, Elem *o, const RowLayout &o_rows,
+                                                 float *lse_log2, int S, int head_index, int q0, int first_query, int warp_row0, int consumer,
                                                  bool o_storer, int o_barrier, int g, int t) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int BLOCK_ROWS = L::BLOCK_ROWS;
@@ -562,20 +564,20 @@ __device__ __forceinline__ void store_query_tile(const float (&o_acc)[D / 2], co
         fence_proxy_async_shared();
         named_barrier_sync(o_barrier, 128);
         if (o_storer) {  // the warpgroup's 64 rows; rows past S are not written
+            const HeadCoords hc = head_coords(head_index, o_rows.heads);
             for (int c = 0; c < D / SLAB; c++)
-                tma_store_3d(o_map, rings.o_tile + c * BLOCK_ROWS * SLAB + consumer * GROUP_ROWS * SLAB,
-                             c * SLAB, q0 + consumer * GROUP_ROWS, head_index);
+                tma_store_4d(o_map, rings.o_tile + c * BLOCK_ROWS * SLAB + consumer * GROUP_ROWS * SLAB,
+                             c * SLAB, q0 + consumer * GROUP_ROWS, hc.head, hc.batch);
             bulk_commit();
         }
     } else {
-        const size_t head = (size_t)head_index * S * D;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int query = first_query + g + 8 * r;
             if (query < S)
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
-                    *(uint32_t *)(o + head + (size_t)query * D + j * 8 + 2 * t) =
+                    *(uint32_t *)(o + o_rows.offset(head_index, query) + j * 8 + 2 * t) =
                         pack2<Elem>(o_acc[4 * j + 2 * r] * inv[r], o_acc[4 * j + 2 * r + 1] * inv[r]);
         }
     }
@@ -710,7 +712,7 @@ template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __global__ void __launch_bounds__(FwdLayout<D, GROUPS, SPLIT>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Elem *o,
-              float *lse_log2, int S, float scale, int causal, Schedule schedule) {
+              RowLayout o_rows, float *lse_log2, int S, float scale, int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
@@ -739,7 +741,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
-            produce<Elem, D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, causal);
+            produce<Elem, D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, o_rows.heads, causal);
         }
     } else {
         setmaxnreg_inc<L::CONSUMER_REGS>();
@@ -797,7 +799,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
                 // In a shared-out tile the other warpgroups' rows are all past S: their epilogue
                 // below stores nothing.
 
-                store_query_tile<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, rings, &o_map, o, lse_log2, S, head_index, q0,
+                store_query_tile<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, rings, &o_map, o, o_rows, lse_log2, S, head_index, q0,
                                                    first_query, warp_row0, consumer, o_storer, o_barrier, g, t);
             }
         // The block's shared memory must outlive the last store's reads of it.
@@ -807,7 +809,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (consumer == 0) turns.take();
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse_log2, (void)S, (void)scale, (void)causal,
+    (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)o_rows, (void)lse_log2, (void)S, (void)scale, (void)causal,
         (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kStagger,
         (void)kSoftmaxUnderPv;
 #endif
@@ -816,12 +818,14 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 template <typename Elem, int D, int GROUPS, bool SPLIT = false, bool DYNAMIC = false>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    const int heads_total = s->batch * s->heads;
+    const int heads_total = s->batch * s->heads, B = s->batch, H = s->heads, S = s->seq;
+    // Each tensor through its own strides (attn_tensors; zero: contiguous [B, H, S, D]).
+    const RowLayout o_rows = row_layout(t->o_strides, H, S, D);
     CUtensorMap q_map, k_map, v_map, o_map;  // O's box: one warpgroup's rows
-    cudaError_t err = make_tensor_map_bhsd(&q_map, t->q, s->dtype, heads_total, s->seq, D, L::BLOCK_ROWS);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&k_map, t->k, s->dtype, heads_total, s->seq, D, KEY_TILE);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&v_map, t->v, s->dtype, heads_total, s->seq, D, KEY_TILE);
-    if (err == cudaSuccess) err = make_tensor_map_bhsd(&o_map, t->o, s->dtype, heads_total, s->seq, D, GROUP_ROWS);
+    cudaError_t err = make_tensor_map(&q_map, t->q, s->dtype, row_layout(t->q_strides, H, S, D), B, S, D, L::BLOCK_ROWS);
+    if (err == cudaSuccess) err = make_tensor_map(&k_map, t->k, s->dtype, row_layout(t->k_strides, H, S, D), B, S, D, KEY_TILE);
+    if (err == cudaSuccess) err = make_tensor_map(&v_map, t->v, s->dtype, row_layout(t->v_strides, H, S, D), B, S, D, KEY_TILE);
+    if (err == cudaSuccess) err = make_tensor_map(&o_map, t->o, s->dtype, o_rows, B, S, D, GROUP_ROWS);
     if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
@@ -836,8 +840,8 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
         if (err != cudaSuccess) return err;
     }
     wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC><<<blocks, L::THREADS, L::bytes, stream>>>(
-        q_map, k_map, v_map, o_map, (Elem *)t->o, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim), s->causal,
-        schedule);
+        q_map, k_map, v_map, o_map, (Elem *)t->o, o_rows, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim),
+        s->causal, schedule);
     return cudaGetLastError();
 }
 
@@ -904,4 +908,5 @@ extern "C" const attn_stage STAGE = {
     .forward_scratch_bytes = forward_scratch_bytes,
     .needs_sm90a = 1,  // wgmma, setmaxnreg: compute capability 9.0 only
     .runs_bf16 = 1,
+    .runs_strided = 1,  // every tensor read and written through its strides (TMA maps, RowLayout)
 };
