@@ -7,7 +7,7 @@
 # <gpu>_ladders.csv, <gpu>_bf16.csv and <gpu>_ceilings.csv and render the charts. Run it through `cmake --workflow --preset bench` (README), which builds first and
 # sets FLASH_STAGES_BIN.
 #
-# --parts LIST (comma-separated; default sweep,peers,ablations,ladders,bf16,ceilings) runs only those
+# --parts LIST (comma-separated; default sweep,peers,ablations,ladders,bf16,ceilings,overhead) runs only those
 # parts, and --merge (which a subset of parts needs) puts their rows into the CSVs already there
 # (plots/merge_rows.py) instead of replacing them: where one command may not run for the whole
 # benchmark, build once (cmake --workflow --preset full), then run it as several commands on the
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 source plots/gpu_slug.sh
 
 bin=${FLASH_STAGES_BIN:-build/bin}
-all_parts=sweep,peers,ablations,ladders,bf16,ceilings
+all_parts=sweep,peers,ablations,ladders,bf16,ceilings,overhead
 parts=$all_parts merge=0
 while [ $# -gt 0 ]; do
     case $1 in
@@ -127,6 +127,12 @@ if has_part ladders; then
     python3 plots/ablations.py --ladders "${merge_flag[@]}" --csv "plots/data/${slug}_ladders.csv" "${stages[@]}" ||
         failures=$((failures + 1))
 fi
+overhead_tmp=$(mktemp "${TMPDIR:-/tmp}/overhead.XXXXXX.csv")
+if has_part overhead; then
+    echo "bench: the time per eager step at a small shape, SDPA and flash_stages (plots/overhead.py)"
+    FLASH_STAGES_LIB_DIR=${FLASH_STAGES_LIB_DIR:-$bin/../lib} python3 plots/overhead.py --csv "$overhead_tmp" ||
+        failures=$((failures + 1))
+fi
 ceilings_tmp=$(mktemp "${TMPDIR:-/tmp}/ceilings.XXXXXX.csv")
 if has_part ceilings; then
     echo "bench: the GPU's ceilings (copy bandwidth, matrix-product rates)"
@@ -144,6 +150,8 @@ fi
 rm -f "$tmp" "$bf16_tmp"
 [ -s "$ceilings_tmp" ] && mv "$ceilings_tmp" "plots/data/${slug}_ceilings.csv"
 rm -f "$ceilings_tmp"
+[ -s "$overhead_tmp" ] && mv "$overhead_tmp" "plots/data/${slug}_overhead.csv"
+rm -f "$overhead_tmp"
 [ -f "$out" ] && echo "bench: $out has $(($(wc -l <"$out") - 1)) rows; this run took $((SECONDS - start)) s"
 if command -v gnuplot >/dev/null; then
     bash plots/render.sh

@@ -6,8 +6,8 @@ flash_stages (attention(), and the custom op called directly, which torch.compil
 At B=1 H=8 S=512 D=64 the kernels take some tens of microseconds, so a loop of steps runs as fast
 as the host enqueues them: the time per step is the host's time (Python, dispatch, autograd,
 ctypes), which is what this measures. Each run is LOOP steps timed with CUDA events around the
-loop, after the L2 is flushed; the median of many runs is reported (plots/cuda_timing.py's
-rules). Inputs are random N(0,1) fp16; the gradient is torch.autograd.grad(O, (Q, K, V), dO), so
+loop, after the L2 is flushed; the runs of the implementations alternate (interleaved_us), and
+the median of each one's runs is reported. Inputs are random N(0,1) fp16; the gradient is torch.autograd.grad(O, (Q, K, V), dO), so
 no .grad accumulates.
 
     python3 plots/overhead.py --csv plots/data/<gpu>_overhead.csv
@@ -18,15 +18,17 @@ import argparse
 import csv
 import os
 import pathlib
+import statistics
 import sys
 
-from cuda_timing import timed_ms, torch_on_gpu
+from cuda_timing import torch_on_gpu
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 
 COLUMNS = ["gpu", "impl", "stage", "batch", "heads", "seq", "dim", "causal", "pass", "us_per_step", "runs", "commit"]
 SHAPES = [(1, 8, 512, 64, 1), (1, 8, 512, 64, 0)]
 LOOP = 50  # steps per timed run
+RUNS = 30  # timed runs of each step function, interleaved
 
 
 def step_functions(torch, flash_stages, q, k, v, d_o, causal, stage):
@@ -57,6 +59,28 @@ def step_functions(torch, flash_stages, q, k, v, d_o, causal, stage):
     return steps
 
 
+def interleaved_us(torch, steps, flush, runs=RUNS):
+    """((impl, pass), median us per step, runs) for each step function: `runs` rounds, each timing
+    every function once (LOOP steps, L2 flushed first), so that the host's slow and fast spells
+    fall on all of them alike and their ratios come from the same moments."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = {key: [] for key in steps}
+    for key, step in steps.items():  # warm-up
+        for _ in range(LOOP):
+            step()
+    for i in range(runs):
+        for key, step in steps.items():
+            flush.fill_(i & 0xFF)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(LOOP):
+                step()
+            stop.record()
+            stop.synchronize()
+            samples[key].append(1000.0 * start.elapsed_time(stop) / LOOP)
+    return [(key, statistics.median(xs), len(xs)) for key, xs in samples.items()]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--csv", required=True, help="CSV to write")
@@ -75,14 +99,8 @@ def main():
         q, k, v, d_o = (torch.randn(batch, heads, seq, dim, generator=gen, device="cuda", dtype=torch.float16)
                         for _ in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        for (impl, pass_), step in step_functions(torch, flash_stages, q, k, v, d_o, causal, stage).items():
-            def loop(step=step):
-                for _ in range(LOOP):
-                    step()
-
-            median, _, _, runs = timed_ms(loop, warmup=3, iters=40, min_runs=20, budget_ms=2000,
-                                          before_each=lambda i: flush.fill_(i & 0xFF))
-            us = 1000.0 * median / LOOP
+        steps = step_functions(torch, flash_stages, q, k, v, d_o, causal, stage)
+        for (impl, pass_), us, runs in interleaved_us(torch, steps, flush):
             print(f"overhead: {impl:16s} {pass_:16s} B={batch} H={heads} S={seq} D={dim} causal={causal}: "
                   f"{us:.1f} us per step")
             rows.append([gpu, impl, stage if impl != "sdpa" else "", batch, heads, seq, dim, causal, pass_,

@@ -762,7 +762,7 @@ def with_block(text, key, lines):
 def bench_csvs():
     """The benchmark's CSVs, plots/data/<gpu>.csv, without the others that share the folder."""
     return sorted(f"plots/data/{p.name}" for p in (ROOT / "plots" / "data").glob("*.csv")
-                  if not re.search(r"_(ceilings|ablations|ladders|bf16|profiles|training)\.csv$", p.name))
+                  if not re.search(r"_(ceilings|ablations|ladders|bf16|profiles|training|overhead|llama)\.csv$", p.name))
 
 
 def main(argv):

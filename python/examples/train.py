@@ -145,12 +145,12 @@ def seed_list(text):
         raise argparse.ArgumentTypeError(f"seeds must be integers separated by commas, got {text!r}") from None
 
 
-def default_csv(gpu):
-    """plots/data/<gpu>_training.csv, <gpu> named by plots/gpu_slug.sh as the benchmark names it."""
+def default_csv(gpu, kind="training"):
+    """plots/data/<gpu>_<kind>.csv, <gpu> named by plots/gpu_slug.sh as the benchmark names it."""
     root = pathlib.Path(__file__).resolve().parents[2]
     slug = subprocess.run(["bash", "-c", 'source plots/gpu_slug.sh && gpu_slug "$1"', "gpu_slug", gpu],
                           cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-    return root / "plots" / "data" / f"{slug}_training.csv"
+    return root / "plots" / "data" / f"{slug}_{kind}.csv"
 
 
 def main():
