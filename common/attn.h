@@ -118,12 +118,15 @@ typedef struct attn_stage {
     // 1 when the kernels take bf16 tensors as well as fp16 (shape->dtype); the harness refuses
     // bf16 for the other stages.
     int runs_bf16 ATTN_OPTIONAL;
-    // 1 when the kernels take K and V with fewer heads or another length than Q (kv_heads,
-    // kv_seq); the harness refuses such shapes for the other stages.
+    // 1 when the kernels take K and V with fewer heads than Q (kv_heads: grouped-query attention);
+    // the harness refuses such shapes for the other stages.
     int runs_gqa ATTN_OPTIONAL;
     // 1 when the kernels read and write every tensor through its strides (attn_tensors); the
     // others are handed contiguous [B, H, S, D] tensors only.
     int runs_strided ATTN_OPTIONAL;
+    // 1 when the kernels take K and V of another length than Q (kv_seq: a KV cache,
+    // cross-attention); the harness refuses such shapes for the other stages.
+    int runs_kv_seq ATTN_OPTIONAL;
 } attn_stage;
 
 // Defined by the stage being built into this executable.

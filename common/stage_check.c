@@ -39,10 +39,17 @@ int shape_refusal(const attn_stage *stage, const char *program, const attn_shape
                  program, attn_kv_seq(shape), shape->seq);
         return REFUSED_SHAPE;
     }
-    if (attn_kv_differs(shape) && !stage->runs_gqa) {
+    if (attn_kv_heads(shape) != shape->heads && !stage->runs_gqa) {
         snprintf(message, message_size,
-                 "%s: K and V of other heads or length than Q are not supported: this stage's kernels take "
-                 "[B, H, S, D] for all four",
+                 "%s: K and V of other heads than Q are not supported: this stage's kernels take [B, H, S, D] "
+                 "for all four",
+                 program);
+        return REFUSED_SHAPE;
+    }
+    if (attn_kv_seq(shape) != shape->seq && !stage->runs_kv_seq) {
+        snprintf(message, message_size,
+                 "%s: K and V of another length than Q are not supported: this stage's kernels take S keys for "
+                 "S queries",
                  program);
         return REFUSED_SHAPE;
     }

@@ -42,6 +42,13 @@ for profiles in plots/data/*_profiles.csv; do
     [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
     echo "render: $chart"
 done
+# The Llama runs of python/examples/llama.py, one chart per GPU.
+for csv in plots/data/*_llama.csv; do
+    chart=$outdir/$(basename "$csv" .csv).png
+    gnuplot -e "csv='$csv'; out='$chart'" plots/llama.gp
+    [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
+    echo "render: $chart"
+done
 # The training runs of python/examples/train.py, one chart per GPU.
 for csv in plots/data/*_training.csv; do
     chart=$outdir/$(basename "$csv" .csv).png

@@ -680,6 +680,61 @@ def training_table(csv_path):
     return lines
 
 
+def llama_table(path):
+    """python/examples/llama.py's runs: per configuration the median step time with SDPA and with
+    flash_stages, SDPA's over flash_stages' (above 1: flash_stages faster), and how far apart the
+    two copies' losses came at any step."""
+    rows = read_csv(path)
+    if not rows:
+        return [f"_No Llama run committed yet ({path})._"]
+    configs = {}
+    for r in rows:
+        c = configs.setdefault((int(r["seq"]), int(r["kv_heads"])), {"sdpa": [], "flash_stages": [], "loss": {}})
+        if r["step_ms"]:
+            c[r["impl"]].append(float(r["step_ms"]))
+        c["loss"].setdefault(r["step"], {})[r["impl"]] = float(r["loss"])
+
+    def median(xs):
+        xs = sorted(xs)
+        half = len(xs) // 2
+        return xs[half] if len(xs) % 2 else (xs[half - 1] + xs[half]) / 2
+
+    table = []
+    for (seq, kv_heads), c in configs.items():
+        sdpa, ours = median(c["sdpa"]), median(c["flash_stages"])
+        gap = max(abs(x["sdpa"] - x["flash_stages"]) for x in c["loss"].values())
+        table.append([seq, kv_heads, f"{sdpa:.2f}", f"{ours:.2f}", f"{sdpa / ours:.3f}", f"{gap:.4f}",
+                      len(c["sdpa"])])
+    first = rows[0]
+    stage = next(r["stage"] for r in rows if r["stage"])
+    return [f"One invocation of `python/examples/llama.py` on the {first['gpu']}, from `{path}`: a Llama of "
+            f"{first['layers']} layers and {first['heads']} heads of D = {first['head_dim']}, batch {first['batch']}, "
+            f"in bf16; flash_stages ran {stage}. Step times are medians of the timed steps (forward, backward "
+            "and AdamW), the two copies' steps taken in turns:", ""] + markdown_table(
+        ["S", "K/V heads", "step, SDPA (ms)", "step, flash_stages (ms)", "SDPA / flash_stages",
+         "largest loss difference", "timed steps"], table)
+
+
+def overhead_table(path):
+    """plots/overhead.py's rows: the time per eager step at its small shape, SDPA's, flash_stages'
+    through attention() and through the custom op, and SDPA's over attention()'s."""
+    rows = read_csv(path)
+    if not rows:
+        return [f"_No overhead measurement committed yet ({path})._"]
+    us = {(r["impl"], r["causal"], r["pass"]): float(r["us_per_step"]) for r in rows}
+    table = []
+    for causal in dict.fromkeys(r["causal"] for r in rows):
+        for pass_ in ("forward", "forward_backward"):
+            sdpa, ours, op = (us[impl, causal, pass_] for impl in ("sdpa", "flash_stages", "flash_stages_op"))
+            table.append(["causal" if causal == "1" else "non-causal", pass_.replace("_", " + "), f"{sdpa:.1f}",
+                          f"{ours:.1f}", f"{op:.1f}", f"{sdpa / ours:.2f}"])
+    r = rows[0]
+    return [f"Time per eager step at B={r['batch']} H={r['heads']} S={r['seq']} D={r['dim']} fp16 on the {r['gpu']} "
+            f"(`{path}`, plots/overhead.py; flash_stages ran {next(x['stage'] for x in rows if x['stage'])}), in "
+            "microseconds: a loop of steps runs as fast as the host enqueues them, so this is host time:", ""] + \
+        markdown_table(["mask", "pass", "SDPA", "attention()", "the custom op", "SDPA / attention()"], table)
+
+
 # ---------------------------------------------------------------------------------------------
 # Where the tables go.
 
@@ -739,6 +794,9 @@ def blocks():
     yield "README.md", "bf16", bf16_summary(H200)
     yield "README.md", "training", training_table(H100)
     yield "python/README.md", "training", training_table(H100)
+    yield "python/README.md", "llama", llama_table("plots/data/h200_llama.csv")
+    yield "python/README.md", "overhead", overhead_table("plots/data/h200_overhead.csv")
+    yield "README.md", "llama", llama_table("plots/data/h200_llama.csv")
     for lesson in lessons():
         stage, path = lesson.parent.name, str(lesson.relative_to(ROOT))
         yield path, stage, stage_table(lesson_gpu(stage), stage, "fwd")

@@ -156,12 +156,20 @@ static const char *any_shape(const attn_shape *s) { return (void)s, NULL; }
 // What the harness refuses, before any GPU work.
 static void refusals(void) {
     attn_stage plain = {.name = "plain", .unsupported = any_shape}, grouped = plain;
-    grouped.runs_gqa = 1;
+    grouped.runs_gqa = 1, grouped.runs_kv_seq = 1;
+    attn_stage heads_only = plain;
+    heads_only.runs_gqa = 1;
     char message[512];
     const attn_shape ok = {.batch = 1, .heads = 8, .seq = 64, .dim = 64, .causal = 1, .kv_heads = 2, .kv_seq = 100};
     EXPECT(shape_refusal(&grouped, "x", &ok, message, sizeof message) == 0, "refused: %s", message);
     EXPECT(shape_refusal(&plain, "x", &ok, message, sizeof message) && strstr(message, "not supported"),
            "a stage without runs_gqa must refuse: %s", message);
+    EXPECT(shape_refusal(&heads_only, "x", &ok, message, sizeof message) && strstr(message, "another length"),
+           "a stage without runs_kv_seq must refuse another K/V length: %s", message);
+    attn_shape same_length = ok;
+    same_length.kv_seq = 0;
+    EXPECT(shape_refusal(&heads_only, "x", &same_length, message, sizeof message) == 0,
+           "a stage with runs_gqa takes fewer K/V heads: %s", message);
     attn_shape bad = ok;
     bad.kv_heads = 3;
     EXPECT(shape_refusal(&grouped, "x", &bad, message, sizeof message) && strstr(message, "must divide"),

@@ -20,12 +20,12 @@ from . import _library
 
 __all__ = ["attention", "scaled_dot_product_attention", "stages", "default_stage", "StageInfo"]
 
-StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16 grouped_heads strided")
+StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16 grouped_heads strided kv_lengths")
 StageInfo.__doc__ = """A stage: its name, its idea in one line, whether it has a backward pass (can
 train), whether it needs an H100/H200 (sm_90a instructions), whether it takes bf16 as well as fp16,
-whether its kernels take K and V with fewer heads (grouped-query attention) or another length
-(a KV cache, cross-attention) than Q, and whether they read tensors through their strides (a
-[batch, seq, heads, dim] tensor transposed, without a copy)."""
+whether its kernels take K and V with fewer heads than Q (grouped-query attention), whether they
+read tensors through their strides (a [batch, seq, heads, dim] tensor transposed, without a
+copy), and whether they take K and V of another length than Q (a KV cache, cross-attention)."""
 
 # The element types the kernels take, as attn.h's attn_dtype numbers them.
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
@@ -33,7 +33,8 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 
 def stages():
     """The stages found, in course order. Any of them is a valid ``stage=`` of :func:`attention`."""
-    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16, s.runs_gqa, s.runs_strided)
+    return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16, s.runs_gqa, s.runs_strided,
+                      s.runs_kv_seq)
             for s in _library.load_stages().values()]
 
 
@@ -43,16 +44,16 @@ def _runs_on(stage, capability):
 
 
 @functools.lru_cache(maxsize=None)
-def _default_stage(device_index, grouped=False):
+def _default_stage(device_index, kv_lengths=False):
     # The course's order is its order of speed: the last stage with a backward pass that runs here
-    # (and, with `grouped`, that takes K and V of their own heads and length).
+    # (and, with `kv_lengths`, that takes K and V of another length than Q).
     if not _library.load_stages():
         _stage(None)  # raises: no stage libraries, and where they were looked for
     capability = torch.cuda.get_device_capability(device_index)
     trainable = [s.name for s in _library.load_stages().values()
-                 if s.has_backward and _runs_on(s, capability) and (s.runs_gqa or not grouped)]
+                 if s.has_backward and _runs_on(s, capability) and (s.runs_kv_seq or not kv_lengths)]
     if not trainable:
-        raise RuntimeError(f"flash_stages: no stage with a backward pass{' and grouped K/V' if grouped else ''} "
+        raise RuntimeError(f"flash_stages: no stage with a backward pass{' and K/V lengths' if kv_lengths else ''} "
                            f"runs on this GPU")
     return trainable[-1]
 
@@ -354,9 +355,10 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     [batch, heads_kv, seq_kv, dim]; any seq >= 1, dim 64 or 128 (bf16 in the stages whose StageInfo
     says so: 08 and later). Under ``torch.autocast("cuda")`` float32 inputs run in autocast's type.
     heads_kv may divide heads (grouped-query attention, query head h reading K/V head
-    h // (heads / heads_kv)) and seq_kv differ from seq (a KV cache, cross-attention) in the stages
-    whose StageInfo says grouped_heads; with ``causal`` the mask is aligned bottom-right, as
-    FlashAttention's: query i sees keys 0..i + seq_kv - seq, so causal needs seq_kv >= seq.
+    h // (heads / heads_kv)) in the stages whose StageInfo says grouped_heads (08 and 10), and
+    seq_kv differ from seq (a KV cache, cross-attention) in those whose StageInfo says kv_lengths
+    (08); with ``causal`` the mask is aligned bottom-right, as FlashAttention's: query i sees keys
+    0..i + seq_kv - seq, so causal needs seq_kv >= seq.
     A stage whose StageInfo says strided (stage 10) reads q, k, v and dO through their strides, so
     a [batch, seq, heads, dim] tensor transposed to [batch, heads, seq, dim] runs without a copy,
     and O and the gradients come out in the inputs' layout; the other stages get non-contiguous
@@ -446,9 +448,9 @@ def _stage_for(q, k, stage):
     if stage is not None:
         return stage
     name = default_stage(q.device)
-    if k.shape[2] != q.shape[2] and not _stage(name).runs_gqa:
+    if k.shape[2] != q.shape[2] and not _stage(name).runs_kv_seq:
         name = _default_stage(q.device.index if q.device.index is not None else torch.cuda.current_device(),
-                              grouped=True)
+                              kv_lengths=True)
     return name
 
 

@@ -53,6 +53,7 @@ class _StageTable(ctypes.Structure):
         ("runs_bf16", ctypes.c_int),
         ("runs_gqa", ctypes.c_int),
         ("runs_strided", ctypes.c_int),
+        ("runs_kv_seq", ctypes.c_int),
     ]
 
 
@@ -99,6 +100,7 @@ class Stage:
         self.runs_bf16 = bool(self._table.runs_bf16)
         self.runs_gqa = bool(self._table.runs_gqa)
         self.runs_strided = bool(self._table.runs_strided)
+        self.runs_kv_seq = bool(self._table.runs_kv_seq)
         # The launchers, read out of the table once: each read of a function field builds a new
         # ctypes object, and a training step launches many times.
         self._forward, self._backward = self._table.forward, self._table.backward

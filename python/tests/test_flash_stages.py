@@ -525,11 +525,20 @@ def test_transformers_llama_trains_as_with_sdpa():
     assert cosine >= sdpa_cosine - 0.01, f"gradient cosine {cosine:.4f} against SDPA's {sdpa_cosine:.4f}"
 
 
-@pytest.mark.parametrize("kv_heads, kv_seq, causal", [(2, 77, False), (2, 77, True), (1, 300, True), (3, 40, False)])
-def test_grouped_heads_and_kv_lengths(kv_heads, kv_seq, causal):
-    # Stage 08 reads K and V with fewer heads and another length as they are; the truth repeats
-    # them to every query head and applies the mask aligned bottom-right explicitly.
-    stage = "08_warp_specialized"
+GROUPED_STAGES = [s.name for s in flash_stages.stages() if s.grouped_heads] if torch.cuda.is_available() else []
+
+
+@pytest.mark.parametrize("stage", GROUPED_STAGES)
+@pytest.mark.parametrize("kv_heads, kv_seq, causal", [(2, 77, False), (2, 77, True), (1, 77, True), (1, 300, True),
+                                                      (3, 40, False)])
+def test_grouped_heads_and_kv_lengths(stage, kv_heads, kv_seq, causal):
+    # Stages 08 and 10 read K and V with fewer heads as they are, stage 08 of another length too;
+    # the truth repeats them to every query head and applies the mask aligned bottom-right
+    # explicitly.
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    if kv_seq != 77 and not {s.name: s for s in flash_stages.stages()}[stage].kv_lengths:
+        pytest.skip(f"{stage} takes K and V of Q's length only")
     q, _, _, d_o = inputs((2, 6, 77, 64), seed=31, requires_grad=True)
     k, v = inputs((2, kv_heads, kv_seq, 64), seed=32, requires_grad=True)[:2]
     o = flash_stages.attention(q, k, v, causal=causal, stage=stage)

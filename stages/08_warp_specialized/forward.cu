@@ -471,5 +471,6 @@ extern "C" const attn_stage STAGE = {
     .backward = stage08_backward,
     .backward_scratch_bytes = stage08_backward_scratch_bytes,
     .runs_bf16 = 1,
-    .runs_gqa = 1,  // forward and backward (backward.cu)
+    .runs_gqa = 1,     // forward and backward (backward.cu)
+    .runs_kv_seq = 1,  // the same
 };

@@ -211,25 +211,41 @@ __device__ inline BwdSmem<Elem> bwd_smem(unsigned char *raw) {
     return m;
 }
 
-template <typename Elem, int D>
+// The tiles a block walks: n_tiles tiles from first_tile on of `heads` heads one after the other,
+// from flat head head0. Step w of the walk (its ring item) is tile tile(w) of head head(w). With
+// grouped K/V heads (GROUPED), backward_dk_dv walks the query heads that share its K/V head;
+// otherwise one head, and a step is a tile with no division (the loop compiles as for one head).
+template <bool GROUPED>
+struct BwdWalk {
+    int head0, heads, first_tile, n_tiles;
+    __device__ int steps() const { return GROUPED ? heads * n_tiles : n_tiles; }
+    __device__ int head(int w) const { return GROUPED ? head0 + w / n_tiles : head0; }
+    __device__ int tile(int w) const { return first_tile + (GROUPED ? w % n_tiles : w); }
+};
+
+// The producer loop: the block's own tiles (own0.., head own_at) once, then every step of the walk
+// into the ring; walked_heads is the walked tensors' heads per batch (for their coordinates).
+template <typename Elem, int D, typename Walk>
 __device__ inline void bwd_produce(const BwdSmem<Elem> &m, const CUtensorMap *own_a, const CUtensorMap *own_b,
-                                   const CUtensorMap *walk_a, const CUtensorMap *walk_b, int own0, int walk0,
-                                   int n_tiles, HeadCoords at) {
+                                   const CUtensorMap *walk_a, const CUtensorMap *walk_b, int own0, HeadCoords own_at,
+                                   const Walk &walk, int walked_heads) {
     using L = BwdLayout<D>;
     tma_prefetch_descriptor(own_a), tma_prefetch_descriptor(own_b);
     tma_prefetch_descriptor(walk_a), tma_prefetch_descriptor(walk_b);
     mbarrier_arrive_expect_tx(m.own_full, 2 * ELEM_BYTES * L::OWN_ELEMS);
     for (int c = 0; c < D / 64; c++) {
-        tma_load_4d(m.own_a + c * BWD_OWN * 64, own_a, c * 64, own0, at.head, at.batch, m.own_full);
-        tma_load_4d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, at.head, at.batch, m.own_full);
+        tma_load_4d(m.own_a + c * BWD_OWN * 64, own_a, c * 64, own0, own_at.head, own_at.batch, m.own_full);
+        tma_load_4d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, own_at.head, own_at.batch, m.own_full);
     }
-    for (int tile = 0; tile < n_tiles; tile++) {
-        const int slot = ring_wait_empty<L::STAGES, true>(m.empty, tile);
+    for (int w = 0; w < walk.steps(); w++) {
+        const int slot = ring_wait_empty<L::STAGES, true>(m.empty, w);
+        const HeadCoords at = head_coords(walk.head(w), walked_heads);
+        const int row = walk.tile(w) * BWD_WALK;
         mbarrier_arrive_expect_tx(&m.full[slot], 2 * ELEM_BYTES * L::WALK_ELEMS);
         for (int c = 0; c < D / 64; c++) {
             const int dst = slot * L::WALK_ELEMS + c * BWD_WALK * 64;
-            tma_load_4d(m.walk_a + dst, walk_a, c * 64, walk0 + tile * BWD_WALK, at.head, at.batch, &m.full[slot]);
-            tma_load_4d(m.walk_b + dst, walk_b, c * 64, walk0 + tile * BWD_WALK, at.head, at.batch, &m.full[slot]);
+            tma_load_4d(m.walk_a + dst, walk_a, c * 64, row, at.head, at.batch, &m.full[slot]);
+            tma_load_4d(m.walk_b + dst, walk_b, c * 64, row, at.head, at.batch, &m.full[slot]);
         }
     }
 }
@@ -321,16 +337,17 @@ __device__ inline void store_ds_frags(Elem *ds_tile, int ds_row0, const uint32_t
 // The dQ writer, one thread of the producer warpgroup: each staged tile of dQ is added to the
 // float dQ by one bulk reduction of 64 x D floats (the L2 does the adds), and its slot handed back
 // once it is read.
-template <typename Elem, int D>
-__device__ __forceinline__ void write_dq(const BwdSmem<Elem> &m, float *dq_accum, int *dq_heads_done, int S, int head_index,
-                                         int first_tile, int n_tiles) {
+template <typename Elem, int D, typename Walk>
+__device__ __forceinline__ void write_dq(const BwdSmem<Elem> &m, float *dq_accum, int *dq_heads_done, int S,
+                                         const Walk &walk) {
     using L = BwdLayout<D>;
     grid_dependency_wait();  // backward_delta has zeroed the float dQ
-    const size_t head_tiles = (size_t)head_index * ceil_div(S, BWD_WALK);
-    for (int tile = 0; tile < n_tiles; tile++) {
-        const int dq_slot = ring_wait_full<L::DQ_SLOTS, true>(m.dq_full, tile);
+    const int tiles_per_head = ceil_div(S, BWD_WALK);
+    for (int w = 0; w < walk.steps(); w++) {
+        const int dq_slot = ring_wait_full<L::DQ_SLOTS, true>(m.dq_full, w);
+        const size_t tile_index = (size_t)walk.head(w) * tiles_per_head + walk.tile(w);
         for (int part = 0; part < L::DQ_GROUP_TILES; part++)
-            bulk_reduce_add_f32(dq_accum + (head_tiles + first_tile + tile) * L::DQ_TILE_ELEMS,
+            bulk_reduce_add_f32(dq_accum + tile_index * L::DQ_TILE_ELEMS,
                                 m.dq_stage + (dq_slot * L::DQ_GROUP_TILES + part) * L::DQ_TILE_ELEMS,
                                 sizeof(float) * L::DQ_TILE_ELEMS);
         bulk_commit();
@@ -338,9 +355,9 @@ __device__ __forceinline__ void write_dq(const BwdSmem<Elem> &m, float *dq_accum
         mbarrier_arrive(&m.dq_empty[dq_slot]);
     }
     bulk_wait<0>();  // the adds are done before the block's shared memory goes
-    if (kEarlyDqConversion) {  // and this key block's share of its head's dQ is in place
+    if (kEarlyDqConversion) {  // and this key block's share of its heads' dQ is in place
         fence_proxy_async_global();
-        counter_add_release(&dq_heads_done[head_index], 1);
+        for (int h = walk.head0; h < walk.head0 + walk.heads; h++) counter_add_release(&dq_heads_done[h], 1);
     }
 }
 
@@ -349,19 +366,19 @@ __device__ __forceinline__ void write_dq(const BwdSmem<Elem> &m, float *dq_accum
 // has added the slot's last tile (write_dq), then is handed to the writer, which adds it to the
 // float dQ in global memory. Without, each thread adds its accumulators to the float dQ itself,
 // four floats per reduction, where the staged tile has them.
-template <typename Elem, int D, int DQ_COLS, bool PER_GROUP>
-__device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], const BwdSmem<Elem> &m, float *dq_accum, int tile,
-                                         int first_tile, int head_index, int S, int consumer, int warp_row0,
-                                         int dq_col0, int g, int t) {
+template <typename Elem, int D, int DQ_COLS, bool PER_GROUP, typename Walk>
+__device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], const BwdSmem<Elem> &m, float *dq_accum, int w,
+                                         const Walk &walk, int S, int consumer, int warp_row0, int dq_col0, int g,
+                                         int t) {
     constexpr int DQ_SLOTS = BwdLayout<D>::DQ_SLOTS;
     int dq_slot = 0;  // with bulk reductions, the staging slot
     float *dq_tile;   // the staging slot's tile, or the walked tile's in the float dQ
     if constexpr (kBulkReduceDq) {
-        dq_slot = ring_wait_empty<DQ_SLOTS, true>(m.dq_empty, tile);
+        dq_slot = ring_wait_empty<DQ_SLOTS, true>(m.dq_empty, w);
         dq_tile = m.dq_stage + (dq_slot * BwdLayout<D>::DQ_GROUP_TILES + (PER_GROUP ? consumer : 0)) *
                                    BwdLayout<D>::DQ_TILE_ELEMS;
     } else {
-        const size_t tile_index = (size_t)head_index * ceil_div(S, BWD_WALK) + first_tile + tile;
+        const size_t tile_index = (size_t)walk.head(w) * ceil_div(S, BWD_WALK) + walk.tile(w);
         dq_tile = dq_accum + tile_index * BwdLayout<D>::DQ_TILE_ELEMS;
     }
 #pragma unroll
@@ -508,11 +525,11 @@ __device__ __forceinline__ void issue_tile_products(float (&dq_acc)[DQ_COLS / 2]
 
 // A consumer warpgroup of backward_dk_dv: its 64 keys' dK and dV in registers over the walked
 // query tiles (with ATOMIC, dQ's share staged for the writer thread), then the epilogue.
-template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
+template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S, typename Walk>
 __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUtensorMap *dk_map, const CUtensorMap *dv_map,
                                                const float *lse_log2, const float *delta, Elem *dk, Elem *dv,
-                                               const RowLayout &dk_rows, const RowLayout &dv_rows, float *dq_accum, int S, float scale, int causal, int head_index, int k0,
-                                               int first_tile, int n_tiles) {
+                                               const RowLayout &dk_rows, const RowLayout &dv_rows, float *dq_accum, int S,
+                                               float scale, int causal, int head_index, int k0, const Walk &walk) {
     const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
     const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + warp_row0;
@@ -521,7 +538,6 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
     // delta = 0): each thread of the group loads one of the 128 values a tile ahead and
     // stores it to the group's slot for the tile, so that the 16 queries of a thread's
     // columns are read from shared memory instead of held in registers.
-    const float *head_lse = lse_log2 + (size_t)head_index * S, *head_delta = delta + (size_t)head_index * S;
     const int stat = threadIdx.x % 128, stat_query = stat % BWD_WALK;  // stat < 64: lse, else delta
     grid_dependency_wait();  // backward_delta has written delta (and zeroed the float dQ)
     // Once every block of this kernel has got here, backward_dq_unpermute may launch
@@ -529,10 +545,11 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
     // blocks read the heads' counters, which backward_delta zeroes, and only this kernel's
     // wait orders them after backward_delta.
     if (kEarlyDqConversion) grid_launch_dependents();
-    auto load_stat = [&](int tile) {
-        const int query = (first_tile + tile) * BWD_WALK + stat_query;
+    auto load_stat = [&](int w) {
+        const int query = walk.tile(w) * BWD_WALK + stat_query;
         if (query >= S) return stat < BWD_WALK ? INFINITY : 0.0f;
-        return stat < BWD_WALK ? head_lse[query] : head_delta[query];
+        const size_t row = (size_t)walk.head(w) * S + query;
+        return stat < BWD_WALK ? lse_log2[row] : delta[row];
     };
     float next_stat = load_stat(0);
     // dQ (queries x D) of a walked tile: this warpgroup's DQ_COLS columns from dq_col0 over
@@ -560,8 +577,8 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
     constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
 
     if (kOverlap) issue_st_dpt(0);
-    for (int tile = 0; tile < n_tiles; tile++) {
-        const int slot = tile % BwdLayout<D>::STAGES, q_start = (first_tile + tile) * BWD_WALK;
+    for (int tile = 0; tile < walk.steps(); tile++) {  // the walk's steps: the ring's items
+        const int slot = tile % BwdLayout<D>::STAGES, q_start = walk.tile(tile) * BWD_WALK;
         const Elem *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
         const Elem *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
         // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and delta.
@@ -569,7 +586,7 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
         float *col_lse = m.stats + (consumer * 2 + tile % 2) * 2 * BWD_WALK, *col_delta = col_lse + BWD_WALK;
         col_lse[stat] = next_stat;
         named_barrier_sync(2 + consumer, 128);
-        if (tile + 1 < n_tiles) next_stat = load_stat(tile + 1);
+        if (tile + 1 < walk.steps()) next_stat = load_stat(tile + 1);
         if (!kOverlap) issue_st_dpt(tile);
         wgmma_wait<1>();  // with the overlap, also the previous tile's dV and dK products
         fence_operands<32>(st_acc);
@@ -583,14 +600,13 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
         issue_tile_products<Elem, D, ATOMIC, DQ_COLS, DQ_KEYS, kDqReadsBothGroups>(
             dq_acc, dv_acc, dk_acc, pt_frag, dst_frag, ds_tile, k_cols, q_tile, do_tile, dq_key0, consumer);
         if (kOverlap) {
-            if (tile + 1 < n_tiles) issue_st_dpt(tile + 1);
+            if (tile + 1 < walk.steps()) issue_st_dpt(tile + 1);
             continue;
         }
         if constexpr (ATOMIC) {
             wgmma_wait<2>();  // dQ; dV and dK still run
             fence_operands<DQ_COLS / 2>(dq_acc);
-            stage_dq<Elem, D, DQ_COLS, kPerGroup>(dq_acc, m, dq_accum, tile, first_tile, head_index, S, consumer, warp_row0,
-                                            dq_col0, g, t);
+            stage_dq<Elem, D, DQ_COLS, kPerGroup>(dq_acc, m, dq_accum, tile, walk, S, consumer, warp_row0, dq_col0, g, t);
         }
         wgmma_wait<0>();
         fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
@@ -609,20 +625,23 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
 // S is not a multiple of BWD_OWN, so each head's last key block has keys past S to mask; chosen
 // per launch, as FlashAttention-2's Is_even_MN, so that the blocks of a length with no such keys
 // carry no test for them.
-template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
+template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S, bool GROUPED>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                const __grid_constant__ CUtensorMap dk_map, const __grid_constant__ CUtensorMap dv_map,
                const float *lse_log2, const float *delta, Elem *dk, Elem *dv, RowLayout dk_rows, RowLayout dv_rows,
-               float *dq_accum, int *dq_heads_done, int first_head, int S, float scale, int causal) {
+               float *dq_accum, int *dq_heads_done, int first_head, int heads_per_kv, int S, float scale,
+               int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: K, V; walked: Q, dO
-    const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;  // b * H + h (head_chunk)
+    // The block's K/V head, b * H_kv + h_kv (head_chunk); it walks the heads_per_kv query heads
+    // that read it, b * H + h_kv * heads_per_kv + i, which are head_index * heads_per_kv + i.
+    const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;
     const int k0 = blockIdx.x * BWD_OWN;
     const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
-    const int n_tiles = ceil_div(S, BWD_WALK) - first_tile;
+    const BwdWalk<GROUPED> walk = {head_index * heads_per_kv, heads_per_kv, first_tile, ceil_div(S, BWD_WALK) - first_tile};
     if (ATOMIC && threadIdx.x == 0) {  // published by init_tma_ring's fence and __syncthreads
         for (int slot = 0; slot < BwdLayout<D>::DQ_SLOTS; slot++)
             mbarrier_init(&m.dq_full[slot], 4 * BWD_GROUPS), mbarrier_init(&m.dq_empty[slot], 1);
@@ -632,20 +651,18 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
-            bwd_produce<Elem, D>(m, &k_map, &v_map, &q_map, &do_map, k0, first_tile * BWD_WALK, n_tiles,
-                                 head_coords(head_index, dk_rows.heads));
-        if (ATOMIC && kBulkReduceDq && threadIdx.x == 32)
-            write_dq<Elem, D>(m, dq_accum, dq_heads_done, S, head_index, first_tile, n_tiles);
+            bwd_produce<Elem, D>(m, &k_map, &v_map, &q_map, &do_map, k0, head_coords(head_index, dk_rows.heads), walk,
+                                 dk_rows.heads * heads_per_kv);
+        if (ATOMIC && kBulkReduceDq && threadIdx.x == 32) write_dq<Elem, D>(m, dq_accum, dq_heads_done, S, walk);
     } else {
         setmaxnreg_inc<240>();
         dk_dv_consumer<Elem, D, ATOMIC, KEYS_PAST_S>(m, &dk_map, &dv_map, lse_log2, delta, dk, dv, dk_rows, dv_rows, dq_accum,
-                                               S, scale, causal,
-                                               head_index, k0, first_tile, n_tiles);
+                                               S, scale, causal, head_index, k0, walk);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)dk_map, (void)dv_map, (void)lse_log2, (void)delta;
-    (void)dk, (void)dv, (void)dk_rows, (void)dv_rows, (void)dq_accum, (void)dq_heads_done, (void)first_head, (void)S,
-        (void)scale, (void)causal, (void)kTmaStoreDkDv;
+    (void)dk, (void)dv, (void)dk_rows, (void)dv_rows, (void)dq_accum, (void)dq_heads_done, (void)first_head, (void)heads_per_kv,
+        (void)S, (void)scale, (void)causal, (void)kTmaStoreDkDv;
 #endif
 }
 
@@ -654,8 +671,8 @@ template <typename Elem, int D>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
             const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-            const float *lse_log2, const float *delta, Elem *dq, RowLayout dq_rows, int first_head, int S, float scale,
-            int causal) {
+            const float *lse_log2, const float *delta, Elem *dq, RowLayout dq_rows, int first_head, int heads_per_kv, int S,
+            float scale, int causal) {
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: Q, dO; walked: K, V
@@ -668,7 +685,8 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
-            bwd_produce<Elem, D>(m, &q_map, &do_map, &k_map, &v_map, q0, 0, n_tiles, head_coords(head_index, dq_rows.heads));
+            bwd_produce<Elem, D>(m, &q_map, &do_map, &k_map, &v_map, q0, head_coords(head_index, dq_rows.heads),
+                                 BwdWalk<false>{head_index / heads_per_kv, 1, 0, n_tiles}, dq_rows.heads / heads_per_kv);
     } else {
         setmaxnreg_inc<240>();
         const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -740,7 +758,8 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         store_rows<Elem, D>(dq, dq_rows, head_index, dq_acc, scale, warp_query0, S, lane);
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq, (void)dq_rows, (void)first_head;
+    (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq, (void)dq_rows, (void)first_head,
+        (void)heads_per_kv;
     (void)S, (void)scale, (void)causal, (void)kCrossTileOverlap;
 #endif
 }
@@ -813,16 +832,18 @@ struct BwdMaps {
     CUtensorMap dk, dv;
 };
 
-// Each tensor's RowLayout, from its strides in attn_tensors.
+// Each tensor's RowLayout, from its strides in attn_tensors: Q, dO and dQ of H heads, K, V, dK and
+// dV of H_kv.
 struct BwdRows {
     RowLayout q, k, v, d_o, dq, dk, dv;
 };
 
 static BwdRows bwd_rows(const attn_shape *s, const attn_tensors *t) {
-    const int H = s->heads, S = s->seq, D = s->dim;
-    return {row_layout(t->q_strides, H, S, D),  row_layout(t->k_strides, H, S, D),  row_layout(t->v_strides, H, S, D),
-            row_layout(t->d_o_strides, H, S, D), row_layout(t->dq_strides, H, S, D), row_layout(t->dk_strides, H, S, D),
-            row_layout(t->dv_strides, H, S, D)};
+    const int H = s->heads, H_kv = attn_kv_heads(s), S = s->seq, D = s->dim;
+    return {row_layout(t->q_strides, H, S, D),    row_layout(t->k_strides, H_kv, S, D),
+            row_layout(t->v_strides, H_kv, S, D), row_layout(t->d_o_strides, H, S, D),
+            row_layout(t->dq_strides, H, S, D),   row_layout(t->dk_strides, H_kv, S, D),
+            row_layout(t->dv_strides, H_kv, S, D)};
 }
 
 template <typename Elem, int D>
@@ -850,8 +871,12 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     cudaError_t err =
         launch_backward_delta<Elem>(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
     const size_t smem = BwdLayout<D>::bytes;
-    const bool keys_past_s = s->seq % BWD_OWN != 0;
-    const auto dk_dv = keys_past_s ? backward_dk_dv<Elem, D, kAtomicDq, true> : backward_dk_dv<Elem, D, kAtomicDq, false>;
+    // Chosen per launch: keys past S to mask (KEYS_PAST_S), and query heads grouped on a K/V head.
+    const bool keys_past_s = s->seq % BWD_OWN != 0, grouped = attn_group(s) > 1;
+    const auto dk_dv = keys_past_s ? (grouped ? backward_dk_dv<Elem, D, kAtomicDq, true, true>
+                                              : backward_dk_dv<Elem, D, kAtomicDq, true, false>)
+                                   : (grouped ? backward_dk_dv<Elem, D, kAtomicDq, false, true>
+                                              : backward_dk_dv<Elem, D, kAtomicDq, false, false>);
     if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, smem);
     if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<Elem, D>, smem);
     const float scale = 1.0f / sqrtf((float)D);
@@ -866,15 +891,20 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         kernel<<<blocks, threads, shared_bytes, stream>>>(args...);
         return cudaGetLastError();
     };
-    // In chunks of heads (head_chunk); the kernels number heads b * H + h from the chunk's first on.
-    for (int first = 0; first < heads_total && err == cudaSuccess;) {
-        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, BWD_OWN));
+    // In chunks of heads (head_chunk); the kernels number heads b * H + h from the chunk's first
+    // on: backward_dk_dv K/V heads (b * H_kv + h_kv), backward_dq query heads.
+    const int heads_per_kv = attn_group(s), kv_heads_total = s->batch * attn_kv_heads(s);
+    for (int first = 0; first < kv_heads_total && err == cudaSuccess;) {
+        const head_chunk c = head_chunk_from(first, kv_heads_total, ceil_div(s->seq, BWD_OWN));
         err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2], maps.walk[3], maps.dk,
                      maps.dv, lse, delta, (Elem *)t->dk, (Elem *)t->dv, rows.dk, rows.dv, dq_accum, dq_heads_done, first,
-                     s->seq, scale, s->causal);
-        if (err == cudaSuccess && !kAtomicDq)
-            err = launch(backward_dq<Elem, D>, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
-                         maps.own[3], lse, delta, (Elem *)t->dq, rows.dq, first, s->seq, scale, s->causal);
+                     heads_per_kv, s->seq, scale, s->causal);
+        first += c.count;
+    }
+    for (int first = 0; first < heads_total && err == cudaSuccess && !kAtomicDq;) {
+        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, BWD_OWN));
+        err = launch(backward_dq<Elem, D>, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
+                     maps.own[3], lse, delta, (Elem *)t->dq, rows.dq, first, heads_per_kv, s->seq, scale, s->causal);
         first += c.count;
     }
     if (err == cudaSuccess && kAtomicDq)

@@ -444,7 +444,7 @@ template <typename Elem, int D, int GROUPS, bool SPLIT> struct FwdRings {
 template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &r, const CUtensorMap *q_map,
                                         const CUtensorMap *k_map, const CUtensorMap *v_map,
-                                        const Schedule &schedule, int S, int heads, int causal) {
+                                        const Schedule &schedule, int S, int heads, int heads_per_kv, int causal) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
@@ -455,6 +455,7 @@ __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &
         for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
             const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
             const HeadCoords hc = head_coords(schedule.head<DYNAMIC>(unit), heads);
+            const HeadCoords kv_at = {hc.head / heads_per_kv, hc.batch};  // the K/V head query head h reads
             const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
             const int q_slot = free_q_slot(tiles_done);
             // DYNAMIC (one tile a unit, one Q slot): the next unit is claimed as this one's Q is
@@ -474,12 +475,12 @@ __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &
                 mbarrier_arrive_expect_tx(&r.k_full[k_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
                     tma_load_4d(r.k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, k_map, c * SLAB, row,
-                                hc.head, hc.batch, &r.k_full[k_slot]);
+                                kv_at.head, kv_at.batch, &r.k_full[k_slot]);
                 const int v_slot = ring_wait_empty<V_STAGES, true>(r.v_empty, ring);
                 mbarrier_arrive_expect_tx(&r.v_full[v_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
                     tma_load_4d(r.v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, v_map, c * SLAB, row,
-                                hc.head, hc.batch, &r.v_full[v_slot]);
+                                kv_at.head, kv_at.batch, &r.v_full[v_slot]);
             }
         }
     }
@@ -712,7 +713,7 @@ template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __global__ void __launch_bounds__(FwdLayout<D, GROUPS, SPLIT>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Elem *o,
-              RowLayout o_rows, float *lse_log2, int S, float scale, int causal, Schedule schedule) {
+              RowLayout o_rows, float *lse_log2, int S, int heads_per_kv, float scale, int causal, Schedule schedule) {
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
@@ -741,7 +742,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
-            produce<Elem, D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, o_rows.heads, causal);
+            produce<Elem, D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, o_rows.heads, heads_per_kv,
+                                                     causal);
         }
     } else {
         setmaxnreg_inc<L::CONSUMER_REGS>();
@@ -809,7 +811,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (consumer == 0) turns.take();
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)o_rows, (void)lse_log2, (void)S, (void)scale, (void)causal,
+    (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)o_rows, (void)lse_log2, (void)S, (void)heads_per_kv,
+        (void)scale, (void)causal,
         (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kStagger,
         (void)kSoftmaxUnderPv;
 #endif
@@ -818,18 +821,21 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 template <typename Elem, int D, int GROUPS, bool SPLIT = false, bool DYNAMIC = false>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    const int heads_total = s->batch * s->heads, B = s->batch, H = s->heads, S = s->seq;
-    // Each tensor through its own strides (attn_tensors; zero: contiguous [B, H, S, D]).
+    const int heads_total = s->batch * s->heads, B = s->batch, H = s->heads, H_kv = attn_kv_heads(s), S = s->seq;
+    // Each tensor through its own strides (attn_tensors; zero: contiguous [B, H, S, D]); K and V
+    // have H_kv heads, each read by H / H_kv query heads.
     const RowLayout o_rows = row_layout(t->o_strides, H, S, D);
     CUtensorMap q_map, k_map, v_map, o_map;  // O's box: one warpgroup's rows
     cudaError_t err = make_tensor_map(&q_map, t->q, s->dtype, row_layout(t->q_strides, H, S, D), B, S, D, L::BLOCK_ROWS);
-    if (err == cudaSuccess) err = make_tensor_map(&k_map, t->k, s->dtype, row_layout(t->k_strides, H, S, D), B, S, D, KEY_TILE);
-    if (err == cudaSuccess) err = make_tensor_map(&v_map, t->v, s->dtype, row_layout(t->v_strides, H, S, D), B, S, D, KEY_TILE);
+    if (err == cudaSuccess)
+        err = make_tensor_map(&k_map, t->k, s->dtype, row_layout(t->k_strides, H_kv, S, D), B, S, D, KEY_TILE);
+    if (err == cudaSuccess)
+        err = make_tensor_map(&v_map, t->v, s->dtype, row_layout(t->v_strides, H_kv, S, D), B, S, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map(&o_map, t->o, s->dtype, o_rows, B, S, D, GROUP_ROWS);
     if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
-    const size_t head_bytes = 2 * ELEM_BYTES * (size_t)s->seq * D;  // its K and V
+    const size_t head_bytes = 2 * ELEM_BYTES * (size_t)s->seq * D;  // its K and V (shared with its group)
     const int section_heads = (int)max((size_t)1, (size_t)SECTION_BYTES / head_bytes);
     Schedule schedule = {n_qblocks, heads_total, !DYNAMIC && kPersistent && s->causal && n_qblocks * heads_total > sms,
                          section_heads, NULL};
@@ -840,8 +846,8 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
         if (err != cudaSuccess) return err;
     }
     wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC><<<blocks, L::THREADS, L::bytes, stream>>>(
-        q_map, k_map, v_map, o_map, (Elem *)t->o, o_rows, workspace_lse(s, t), s->seq, 1.0f / sqrtf((float)s->dim),
-        s->causal, schedule);
+        q_map, k_map, v_map, o_map, (Elem *)t->o, o_rows, workspace_lse(s, t), s->seq, attn_group(s),
+        1.0f / sqrtf((float)s->dim), s->causal, schedule);
     return cudaGetLastError();
 }
 
@@ -908,5 +914,6 @@ extern "C" const attn_stage STAGE = {
     .forward_scratch_bytes = forward_scratch_bytes,
     .needs_sm90a = 1,  // wgmma, setmaxnreg: compute capability 9.0 only
     .runs_bf16 = 1,
+    .runs_gqa = 1,      // K/V heads read by their groups of query heads; K and V of Q's length only
     .runs_strided = 1,  // every tensor read and written through its strides (TMA maps, RowLayout)
 };
