@@ -32,11 +32,14 @@
 // What changed from stage 08's backward: wgmma instead of ldmatrix + mma.sync; a TMA producer
 // warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers; dQ
 // added by bulk reductions from a writer thread instead of by each warp's atomics; dK and dV
-// written by TMA stores; every tensor read and written through its strides, as in the forward.
-// Limits: Hopper only; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and dQ
-// products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
-// without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the
-// previous one has been read.
+// written by TMA stores; every tensor read and written through its strides, as in the forward;
+// grouped K/V heads: a block owns a K/V head's keys and walks the query heads that read them one
+// after the other (BwdWalk), so dK and dV add up over the group in registers.
+// Limits: Hopper only; K and V of Q's length only; with grouped heads a block's walk is the group's
+// heads long, so there are fewer, longer blocks (most felt with the causal mask); the walked tile
+// is 64 rows; a consumer waits for each tile's dV, dK and dQ products before the next tile's S
+// (queuing S behind them, kCrossTileOverlap, measured slower without atomics); at D = 128 one dQ
+// staging slot fits, so a tile's dQ waits until the previous one has been read.
 // backward_dk_dv is a skeleton over named steps: bwd_produce (the producer loop), write_dq (the dQ
 // writer thread) and dk_dv_consumer (the consumer loop), which per walked tile calls
 // pt_and_dst_frags (Pᵀ and dSᵀ, through probabilities_t and ds_t), issue_tile_products (dQ, dV

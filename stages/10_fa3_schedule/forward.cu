@@ -39,7 +39,8 @@
 // at D = 64 where the mask and length allow; the log-sum-exp (log2 units) written to the workspace
 // for the backward pass (backward.cu), as stage 08's forward writes it; every tensor read and
 // written through its strides (4-D tensor maps, column, row, head and batch: make_tensor_map), so
-// that [B, S, H, D] memory, as a model's projections leave Q, K and V, needs no copy.
+// that [B, S, H, D] memory, as a model's projections leave Q, K and V, needs no copy; K and V may
+// have fewer heads than Q (grouped-query attention: query head h reads K/V head h / (H / H_kv)).
 // The kernel, wgmma_forward, is a skeleton over named steps: produce (the producer loop), then per
 // query tile attend_overlapped or attend_in_order (the consumer loop, over online_softmax) and
 // store_query_tile (the epilogue); FwdRings lays out shared memory, and KvReader and
