@@ -42,22 +42,25 @@ static inline int attn_kv_differs(const attn_shape *s) {
 }
 
 // Where a tensor's rows lie, in elements: row s of head h of batch b starts at
-// b * batch + h * head + s * row, and its D elements follow it contiguously. row = 0 (a zeroed
+// b * batch + h * head + s * row, and its D elements follow it contiguously. All three 0 (a zeroed
 // struct) means contiguous [B, H, S, D], the layout every stage takes; the stages whose table says
-// runs_strided take any others, for instance [B, S, H, D] memory read as [B, H, S, D] (batch =
-// S H D, head = D, row = H D), as a model's projections leave Q, K and V.
+// runs_strided take any others whose strides are positive multiples of 8 elements (16 bytes, as
+// the TMA engine needs; a dimension of one index included), for instance [B, S, H, D] memory read
+// as [B, H, S, D] (batch = S H D, head = D, row = H D), as a model's projections leave Q, K and V.
 typedef struct {
     long long batch, head, row;
 } attn_strides;
 
-// A tensor's strides, with row = 0 resolved to contiguous [B, `heads`, `seq`, D].
+// A tensor's strides, with all three 0 resolved to contiguous [B, `heads`, `seq`, D].
 static inline attn_strides attn_strides_of(attn_strides given, int heads, int seq, int dim) {
-    if (given.row) return given;
+    if (given.batch || given.head || given.row) return given;
     const attn_strides contiguous = {(long long)heads * seq * dim, (long long)seq * dim, dim};
     return contiguous;
 }
 
 typedef struct {
+    // Tensors of shape->dtype, [B, H, S, D] (K, V, dK, dV: [B, H_kv, S_kv, D]), laid out as their
+    // strides below say.
     const void *q, *k, *v;  // device, [B, H, S, D] of shape->dtype, as are all the tensors below
     void *o;                // device, [B, H, S, D]
     void *workspace;        // device, workspace_bytes(shape) bytes (NULL when 0). The forward

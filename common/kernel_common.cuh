@@ -33,7 +33,8 @@ inline RowLayout row_layout(attn_strides given, int heads, int seq, int dim) {
 // A grid of one block per (tile, head) puts the tiles of one head's rows along x and the B * H
 // heads along y and z; its kernels number a block's head blockIdx.z * gridDim.y + blockIdx.y. CUDA
 // allows at most 65,535 blocks along y and along z, so a launcher covers the heads in chunks of
-// y * z heads, each launch given its tensors from the chunk's first head on: one chunk up to
+// y * z heads, each launch given its tensors from the chunk's first head on (or, in stage 10, the
+// whole tensors and the chunk's first head, from which its kernels number heads): one chunk up to
 // 65,535 heads, two up to 65,535^2 (more than the INT_MAX elements that stage_check.c allows).
 typedef struct {
     int first, count;  // heads [first, first + count)

@@ -55,7 +55,7 @@ class Block(nn.Module):
     def forward(self, x, cos, sin):
         batch, seq, width = x.shape
         # [B, S, H, D] seen as [B, H, S, D]: strided views. Rotating q and k writes them out
-        # contiguous; v stays strided (flash_stages copies it, SDPA reads the strides).
+        # contiguous; v stays strided (SDPA and stage 10 read the strides; other stages copy it).
         qkv = self.qkv(self.norm1(x)).view(batch, seq, 3, self.heads, width // self.heads)
         q, k, v = qkv.transpose(1, 3).unbind(2)  # [B, H, 3, S, D] -> three [B, H, S, D]
         o = self.attention(rotate(q, cos, sin), rotate(k, cos, sin), v)

@@ -113,7 +113,8 @@ def _strides(stage, t):
 def _aligned(t):
     # The kernels load rows 16 bytes at a time (cp.async, TMA, vector loads), so a tensor must
     # start on a 16-byte boundary; a contiguous view that starts mid-allocation (x[1:]) may not.
-    # Such a view is copied (keeping its strides), as tensors the stage cannot read are.
+    # Such a view is copied (keeping its strides where it is dense), as tensors the stage cannot
+    # read are.
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
@@ -218,7 +219,7 @@ def _run_backward(d_o, q, k, v, o, lse, causal, stage):
     st = plan.stage
     if not st.has_backward:
         raise ValueError(f"flash_stages::backward: stage {stage} has a forward pass only")
-    d_o, q, k, v = _aligned(d_o), _aligned(q), _aligned(k), _aligned(v)
+    d_o, q, k, v, o = _aligned(d_o), _aligned(q), _aligned(k), _aligned(v), _aligned(o)
     scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
@@ -251,9 +252,10 @@ def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
               lse: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (see _run_backward)."""
     _check_op_inputs("backward", stage, (("d_o", d_o), ("q", q), ("k", k), ("v", v), ("o", o)))
-    if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:3]) or not lse.is_contiguous():
-        raise ValueError(f"flash_stages::backward: lse must be the forward's contiguous float32 [batch, heads, seq], "
-                         f"got {lse.dtype} {tuple(lse.shape)}")
+    if (lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:3]) or not lse.is_contiguous()
+            or lse.device != q.device):
+        raise ValueError(f"flash_stages::backward: lse must be the forward's contiguous float32 [batch, heads, seq] "
+                         f"on q's device, got {lse.dtype} {tuple(lse.shape)} on {lse.device}")
     return _run_backward(d_o, q, k, v, o, lse, causal, stage)
 
 
@@ -280,6 +282,14 @@ def _gradients(ctx, grad_o, grad_lse):
 _forward.register_autograd(_gradients, setup_context=_setup_context)
 
 
+def _traced(*tensors):
+    """Whether the call is being traced or its tensors are not plain ones (fake tensors, a tensor
+    subclass): there the custom ops, which tracers and subclasses see through, run instead of the
+    eager path, whose ctypes launch they cannot."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or any(type(t) is not torch.Tensor for t in tensors))
+
+
 class _Attention(torch.autograd.Function):
     """The eager path: the ops' own bodies under a plain autograd.Function, without the dispatcher.
     A custom op's dispatch through torch.library, its autograd wrapper and its checks cost more per
@@ -297,6 +307,7 @@ class _Attention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels' gradients have no autograd graph
     def backward(ctx, grad_o, grad_lse):
         if grad_o is None:  # nothing flowed back into O
             return None, None, None, None, None
@@ -361,7 +372,8 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     0..i + seq_kv - seq, so causal needs seq_kv >= seq.
     A stage whose StageInfo says strided (stage 10) reads q, k, v and dO through their strides, so
     a [batch, seq, heads, dim] tensor transposed to [batch, heads, seq, dim] runs without a copy,
-    and O and the gradients come out in the inputs' layout; the other stages get non-contiguous
+    and O and the gradients come out in the inputs' layout where those are dense (else contiguous);
+    the other stages get non-contiguous
     inputs copied first. Views that do not start on a 16-byte boundary are copied for every stage.
 
     scale: None, or within a relative 1e-6 of 1/sqrt(dim) (as ``dim ** -0.5`` is), means 1/sqrt(dim),
@@ -395,7 +407,7 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     if scale is not None and not math.isclose(scale, 1.0 / math.sqrt(dim), rel_tol=1e-6):
         q = q * (scale * math.sqrt(dim))
     q, k, v = _for_stage(st, q), _for_stage(st, k), _for_stage(st, v)
-    if torch.compiler.is_compiling():
+    if _traced(q, k, v):
         o, lse_log2 = torch.ops.flash_stages.forward(q, k, v, bool(causal), name)
     else:
         o, lse_log2 = _Attention.apply(q, k, v, bool(causal), name)

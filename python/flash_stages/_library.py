@@ -16,7 +16,7 @@ class Shape(ctypes.Structure):
 
 
 class Strides(ctypes.Structure):
-    """``attn_strides``: where a tensor's rows lie, in elements (row = 0: contiguous [B, H, S, D])."""
+    """``attn_strides``: where a tensor's rows lie, in elements (all three 0: contiguous [B, H, S, D])."""
 
     _fields_ = [(name, ctypes.c_longlong) for name in ("batch", "head", "row")]
 

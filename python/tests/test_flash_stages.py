@@ -192,6 +192,8 @@ def test_the_op_itself_checks_its_inputs(case, words):
     elif case == "shapes":
         v = v[:, :, :32].contiguous()
     # Stage 08 reads contiguous tensors only (stage 10 reads a transposed q through its strides).
+    if "08_warp_specialized" not in {s.name for s in flash_stages.stages()}:
+        pytest.skip("needs stage 08's library")
     with pytest.raises(ValueError, match=words):
         torch.ops.flash_stages.forward(q, k, v, False, "08_warp_specialized")
 

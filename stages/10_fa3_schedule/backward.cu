@@ -184,8 +184,8 @@ __host__ __device__ inline void dq_stage_position(int vec, int *row, int *col) {
 }
 
 // The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
-// (rows own0.., onto own_full) and then, for walked tile i = 0, 1, ..., rows walk0 + 64 i of the
-// two walked tensors into ring slot i % STAGES.
+// (rows own0.., onto own_full) and then, for each step i = 0, 1, ... of the walk (BwdWalk), that
+// step's 64 rows of the two walked tensors into ring slot i % STAGES.
 template <typename Elem> struct BwdSmem {
     Elem *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [STAGES][tile]
     Elem *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
