@@ -42,19 +42,14 @@ for profiles in plots/data/*_profiles.csv; do
     [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
     echo "render: $chart"
 done
-# The Llama runs of python/examples/llama.py, one chart per GPU.
-for csv in plots/data/*_llama.csv; do
-    chart=$outdir/$(basename "$csv" .csv).png
-    gnuplot -e "csv='$csv'; out='$chart'" plots/llama.gp
-    [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
-    echo "render: $chart"
-done
-# The training runs of python/examples/train.py, one chart per GPU.
-for csv in plots/data/*_training.csv; do
-    chart=$outdir/$(basename "$csv" .csv).png
-    gnuplot -e "csv='$csv'; out='$chart'" plots/training.gp
-    [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
-    echo "render: $chart"
+# The runs of python/examples/train.py and llama.py, one chart per GPU each (plots/<kind>.gp).
+for kind in training llama; do
+    for csv in plots/data/*_$kind.csv; do
+        chart=$outdir/$(basename "$csv" .csv).png
+        gnuplot -e "csv='$csv'; out='$chart'" plots/$kind.gp
+        [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
+        echo "render: $chart"
+    done
 done
 # The schematic timelines of the lessons, one per plots/timelines/<name>.dat: its "# title:" and
 # "# lanes:" lines name the figure and its rows.
