@@ -23,6 +23,7 @@ import functools
 import os
 import pathlib
 import re
+import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -639,9 +640,7 @@ def training_table(csv_path):
         if r["tokens_per_s"]:
             run["rates"].append(float(r["tokens_per_s"]))
     for run in runs.values():
-        rates = sorted(run["rates"])
-        half = len(rates) // 2
-        run["median"] = rates[half] if len(rates) % 2 else (rates[half - 1] + rates[half]) / 2 if rates else 0.0
+        run["median"] = statistics.median(run["rates"]) if run["rates"] else 0.0
         run["last"], run["mean"] = f"{run['losses'][-1]:.5f}", f"{sum(run['losses'][-10:]) / 10:.5f}"
     sdpa = [r for r in runs.values() if r["kernel"] == "sdpa_flash"]
     ours = [r for r in runs.values() if r["kernel"] != "sdpa_flash"]
@@ -694,14 +693,9 @@ def llama_table(path):
             c[r["impl"]].append(float(r["step_ms"]))
         c["loss"].setdefault(r["step"], {})[r["impl"]] = float(r["loss"])
 
-    def median(xs):
-        xs = sorted(xs)
-        half = len(xs) // 2
-        return xs[half] if len(xs) % 2 else (xs[half - 1] + xs[half]) / 2
-
     table = []
     for (seq, kv_heads), c in configs.items():
-        sdpa, ours = median(c["sdpa"]), median(c["flash_stages"])
+        sdpa, ours = statistics.median(c["sdpa"]), statistics.median(c["flash_stages"])
         gap = max(abs(x["sdpa"] - x["flash_stages"]) for x in c["loss"].values() if len(x) == 2)
         table.append([seq, kv_heads, f"{sdpa:.2f}", f"{ours:.2f}", f"{sdpa / ours:.3f}", f"{gap:.4f}",
                       len(c["sdpa"])])
