@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """What one eager call of attention costs where the kernels take little time: the time per step of
 a loop of forward, or forward plus backward, passes at a small shape, for PyTorch's SDPA and for
-flash_stages (attention(), and the custom op called directly, which torch.compile traces).
+flash_stages (attention(), and the operator called directly, without attention()'s checks).
 
 At B=1 H=8 S=512 D=64 the kernels take some tens of microseconds, so a loop of steps runs as fast
 as the host enqueues them: the time per step is the host's time (Python, dispatch, autograd,
-ctypes), which is what this measures. Each run is LOOP steps timed with CUDA events around the
-loop, after the L2 is flushed; the runs of the implementations alternate (interleaved_us), and
-the median of each one's runs is reported. Inputs are random N(0,1) fp16; the gradient is torch.autograd.grad(O, (Q, K, V), dO), so
-no .grad accumulates.
+allocation, the launchers), which is what this measures. Each run is LOOP steps timed with CUDA
+events around the loop, after the L2 is flushed; the runs of the implementations alternate
+(interleaved_us), and the median of each one's runs is reported. Inputs are random N(0,1) fp16;
+the gradient is torch.autograd.grad(O, (Q, K, V), dO), so no .grad accumulates.
 
     python3 plots/overhead.py --csv plots/data/<gpu>_overhead.csv
 
@@ -32,8 +32,8 @@ RUNS = 30  # timed runs of each step function, interleaved
 
 
 def step_functions(torch, flash_stages, q, k, v, d_o, causal, stage):
-    """{(impl, pass): one step}: SDPA (PyTorch's choice of backend), flash_stages.attention() (the
-    eager path) and torch.ops.flash_stages.forward (the custom op, with its autograd)."""
+    """{(impl, pass): one step}: SDPA (PyTorch's choice of backend), flash_stages.attention() and
+    torch.ops.flash_stages.forward (the operator, with its autograd)."""
     import torch.nn.functional as F
 
     def sdpa(q, k, v):

@@ -711,7 +711,7 @@ def llama_table(path):
 
 def overhead_table(path):
     """plots/overhead.py's rows: the time per eager step at its small shape, SDPA's, flash_stages'
-    through attention() and through the custom op, and SDPA's over attention()'s."""
+    through attention() and through the op called directly, and SDPA's over attention()'s."""
     rows = read_csv(path)
     if not rows:
         return [f"_No overhead measurement committed yet ({path})._"]
@@ -726,7 +726,7 @@ def overhead_table(path):
     return [f"Time per eager step at B={r['batch']} H={r['heads']} S={r['seq']} D={r['dim']} fp16 on the {r['gpu']} "
             f"(`{path}`, plots/overhead.py; flash_stages ran {next(x['stage'] for x in rows if x['stage'])}), in "
             "microseconds: a loop of steps runs as fast as the host enqueues them, so this is host time:", ""] + \
-        markdown_table(["mask", "pass", "SDPA", "attention()", "the custom op", "SDPA / attention()"], table)
+        markdown_table(["mask", "pass", "SDPA", "attention()", "the op alone", "SDPA / attention()"], table)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,10 +4,11 @@
     o = flash_stages.attention(q, k, v, causal=True)   # as F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 The kernels are the stages' own C launchers (``build/lib/libflash_stages_<stage>.so``, see
-``_library.py``), registered as the custom ops ``flash_stages::forward`` and
-``flash_stages::backward`` (``torch.library.custom_op``, with fake implementations), so autograd,
-``torch.compile(fullgraph=True)`` and CUDA graphs work. Every buffer comes from PyTorch's allocator
-and every launch goes to PyTorch's current stream.
+``_library.py``), registered from C++ (``csrc/op.cpp``) as the operators ``flash_stages::forward``
+and ``flash_stages::backward``, with their autograd, and given fake implementations here, so that
+autograd, ``torch.compile(fullgraph=True)`` and CUDA graphs work, and a call's host time is close
+to that of PyTorch's own operators. Every buffer comes from PyTorch's allocator and every launch
+goes to PyTorch's current stream.
 """
 
 import collections
@@ -79,102 +80,6 @@ def _stage(name):
     return found[name]
 
 
-def _pointer(t):
-    return t.data_ptr() if t is not None and t.numel() > 0 else None
-
-
-def _readable(stage, t):
-    """Whether `stage`'s kernels read t as it is: contiguous, or, for a stage that reads strides, a
-    last dimension of stride 1 and batch, head and row strides that are positive multiples of 8
-    elements (16 bytes, as the TMA engine needs) wherever that dimension has more than one index."""
-    if t.is_contiguous():
-        return True
-    if not stage.runs_strided or (t.stride(3) != 1 and t.shape[3] > 1):
-        return False
-    return all(size == 1 or (stride > 0 and stride % 8 == 0) for size, stride in zip(t.shape[:3], t.stride()[:3]))
-
-
-def _for_stage(stage, t):
-    """t, or where the stage cannot read it as it is (_readable), a contiguous copy."""
-    return t if _readable(stage, t) else t.contiguous()
-
-
-def _strides(stage, t):
-    """t's attn_strides for a stage that reads strides (zeros, contiguous, for the others). A
-    dimension of one index gets its contiguous stride, which no element is read through."""
-    if not stage.runs_strided:
-        return _library.Strides()
-    _, heads, seq, dim = t.shape
-    contiguous = (heads * seq * dim, seq * dim, dim)
-    batch, head, row = (c if size == 1 else s for size, s, c in zip(t.shape[:3], t.stride()[:3], contiguous))
-    return _library.Strides(batch, head, row)
-
-
-def _aligned(t):
-    # The kernels load rows 16 bytes at a time (cp.async, TMA, vector loads), so a tensor must
-    # start on a 16-byte boundary; a contiguous view that starts mid-allocation (x[1:]) may not.
-    # Such a view is copied (keeping its strides where it is dense), as tensors the stage cannot
-    # read are.
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
-_Plan = collections.namedtuple("_Plan", "stage shape refusal workspace_bytes forward_scratch_bytes "
-                                      "backward_scratch_bytes")
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(stage_name, shape_key, device_index):
-    # What a call needs from the stage's library, asked once per stage, shape and device: a
-    # training step calls the op many times, and the answers (whether the stage runs the shape
-    # here, its buffer sizes) do not change. Each answer is a ctypes call; a cached one is not.
-    st = _stage(stage_name)
-    shape = _library.Shape(*shape_key)
-    refusal = st.why_not(shape, device_index)
-    if refusal:
-        return _Plan(st, shape, refusal, 0, 0, 0)
-    return _Plan(st, shape, None, st.workspace_bytes(shape), st.forward_scratch_bytes(shape),
-                 st.backward_scratch_bytes(shape))
-
-
-def _plan_for(q, k, causal, stage_name):
-    """The stage's plan for these tensors, or a ValueError that says why the stage cannot run them."""
-    batch, heads, seq, dim = q.shape
-    kv_heads, kv_seq = k.shape[1], k.shape[2]
-    # kv_heads and kv_seq are 0 where they equal Q's: as many as Q (attn.h), which every stage takes.
-    key = (batch, heads, seq, dim, int(causal), _DTYPES[q.dtype], 0 if kv_heads == heads else kv_heads,
-           0 if kv_seq == seq else kv_seq)
-    device_index = q.device.index
-    plan = _plan(stage_name, key, device_index)
-    if plan.refusal:
-        raise ValueError(plan.refusal)
-    return plan
-
-
-def _check_op_inputs(op, stage, tensors):
-    """What the kernels assume of the tensors they are handed: fp16 or bf16 tensors of one type on one
-    CUDA device (the op is registered for CUDA only, so a CPU tensor never gets here), q, o and d_o
-    [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv dividing H, in a layout the stage reads
-    (_readable). attention() checks the same with friendlier messages and copies what it can; these
-    checks make a direct call of torch.ops.flash_stages.* as safe. Whether the stage takes
-    H_kv != H or S_kv != S, the stage says (_plan_for)."""
-    st = _stage(stage)
-    q, k = dict(tensors)["q"], dict(tensors)["k"]
-    for name, t in tensors:
-        like = k if name in ("k", "v") else q
-        if (t.dtype not in _DTYPES or t.dtype != q.dtype or t.dim() != 4 or t.shape != like.shape
-                or t.device != q.device):
-            raise ValueError(f"flash_stages::{op}: {name} must be a float16 or bfloat16 [batch, heads, seq, dim] "
-                             f"tensor of {'k' if like is k else 'q'}'s type, shape and device, got {t.dtype} "
-                             f"{tuple(t.shape)} on {t.device}")
-        if not _readable(st, t):
-            raise ValueError(f"flash_stages::{op}: {name} must be contiguous{' or have strides the kernels read' if st.runs_strided else ''} "
-                             f"for stage {stage} (attention() copies it first)")
-    if (k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or k.shape[1] < 1 or q.shape[1] % k.shape[1]
-            or k.shape[2] < 1):
-        raise ValueError(f"flash_stages::{op}: k must be [batch, heads_kv, seq_kv, dim] with q's batch and dim, "
-                         f"heads_kv dividing q's heads and seq_kv >= 1, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-
-
 def _lse_shape(q, stage):
     """The forward's second output: the row log-sum-exp in log2 units, [B, H, S] floats, which a
     stage with a backward pass writes for it (its whole workspace); empty for a forward-only stage.
@@ -182,138 +87,20 @@ def _lse_shape(q, stage):
     return tuple(q.shape[:3]) if _stage(stage).has_backward else (0,)
 
 
-def _stream(device_index):
-    # PyTorch's current stream on the device, as the raw cudaStream_t the launchers take.
-    return torch._C._cuda_getCurrentRawStream(device_index)
+# The operators flash_stages::forward and flash_stages::backward, with their CUDA kernels and
+# autograd, come from C++ (csrc/op.cpp); torch.compile traces them with these fake
+# implementations, which give the outputs' sizes and layouts without running anything.
+_library.load_operators()
 
 
-def _run_forward(q, k, v, causal, stage):
-    """(O, log-sum-exp) from the stage's forward, for tensors already checked: the op's body, and
-    the whole of the eager path (_Attention)."""
-    plan = _plan_for(q, k, causal, stage)
-    st = plan.stage
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    o = torch.empty_like(q)  # in q's layout where the stage reads strides and q is dense, else contiguous
-    lse = torch.empty(_lse_shape(q, stage), dtype=torch.float32, device=q.device)
-    workspace = lse if st.has_backward else torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
-    if st.has_backward and plan.workspace_bytes != lse.numel() * lse.element_size():
-        raise RuntimeError(f"flash_stages: stage {stage}'s workspace is not the row log-sum-exp the op expects")
-    # The forward's own temporaries (stage 10's tile counter): per call, so that forwards on two
-    # streams never share them. Once freed, the caching allocator hands its memory only to work
-    # queued after this call on the same stream.
-    scratch = torch.empty(plan.forward_scratch_bytes, dtype=torch.uint8, device=q.device)
-    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(workspace), forward_scratch=_pointer(scratch),
-                               q_strides=_strides(st, q), k_strides=_strides(st, k), v_strides=_strides(st, v),
-                               o_strides=_strides(st, o))
-    st.forward(plan.shape, tensors, q.device.index, _stream(q.device.index))
-    return o, lse
-
-
-def _run_backward(d_o, q, k, v, o, lse, causal, stage):
-    """(dQ, dK, dV) from the stage's backward, for tensors already checked. The kernels only read the
-    forward's O and log-sum-exp and write their own temporaries (delta, stage 08's float dQ) into
-    a scratch buffer of this call, so the op is pure without a copy, and a graph can be run
-    backward twice (retain_graph)."""
-    plan = _plan_for(q, k, causal, stage)
-    st = plan.stage
-    if not st.has_backward:
-        raise ValueError(f"flash_stages::backward: stage {stage} has a forward pass only")
-    d_o, q, k, v, o = _aligned(d_o), _aligned(q), _aligned(k), _aligned(v), _aligned(o)
-    scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=q.device)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tensors = _library.Tensors(q=_pointer(q), k=_pointer(k), v=_pointer(v), o=_pointer(o),
-                               workspace=_pointer(lse), d_o=_pointer(d_o), dq=_pointer(dq), dk=_pointer(dk),
-                               dv=_pointer(dv), backward_scratch=_pointer(scratch),
-                               q_strides=_strides(st, q), k_strides=_strides(st, k), v_strides=_strides(st, v),
-                               o_strides=_strides(st, o), d_o_strides=_strides(st, d_o), dq_strides=_strides(st, dq),
-                               dk_strides=_strides(st, dk), dv_strides=_strides(st, dv))
-    st.backward(plan.shape, tensors, q.device.index, _stream(q.device.index))
-    return dq, dk, dv
-
-
-@torch.library.custom_op("flash_stages::forward", mutates_args=(), device_types="cuda")
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-             stage: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """O and, for a stage with a backward pass, the row log-sum-exp (log2 units, [B, H, S] float32)
-    that the backward recomputes P from: the stage's whole workspace, which autograd keeps until
-    the backward. A forward-only stage's workspace (stage 01's scores) is a temporary of the call."""
-    _check_op_inputs("forward", stage, (("q", q), ("k", k), ("v", v)))
-    return _run_forward(q, k, v, causal, stage)
-
-
-@_forward.register_fake
+@torch.library.register_fake("flash_stages::forward")
 def _(q, k, v, causal, stage):
     return torch.empty_like(q), q.new_empty(_lse_shape(q, stage), dtype=torch.float32)
 
 
-@torch.library.custom_op("flash_stages::backward", mutates_args=(), device_types="cuda")
-def _backward(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-              lse: torch.Tensor, causal: bool, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV (see _run_backward)."""
-    _check_op_inputs("backward", stage, (("d_o", d_o), ("q", q), ("k", k), ("v", v), ("o", o)))
-    if (lse.dtype != torch.float32 or tuple(lse.shape) != tuple(q.shape[:3]) or not lse.is_contiguous()
-            or lse.device != q.device):
-        raise ValueError(f"flash_stages::backward: lse must be the forward's contiguous float32 [batch, heads, seq] "
-                         f"on q's device, got {lse.dtype} {tuple(lse.shape)} on {lse.device}")
-    return _run_backward(d_o, q, k, v, o, lse, causal, stage)
-
-
-@_backward.register_fake
+@torch.library.register_fake("flash_stages::backward")
 def _(d_o, q, k, v, o, lse, causal, stage):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, stage = inputs
-    o, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.stage = causal, stage
-
-
-def _gradients(ctx, grad_o, grad_lse):
-    q, k, v, o, lse = ctx.saved_tensors
-    grad_o = _for_stage(_stage(ctx.stage), grad_o)
-    dq, dk, dv = torch.ops.flash_stages.backward(grad_o, q, k, v, o, lse, ctx.causal, ctx.stage)
-    return dq, dk, dv, None, None
-
-
-_forward.register_autograd(_gradients, setup_context=_setup_context)
-
-
-def _traced(*tensors):
-    """Whether the call is being traced or its tensors are not plain ones (fake tensors, a tensor
-    subclass): there the custom ops, which tracers and subclasses see through, run instead of the
-    eager path, whose ctypes launch they cannot."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or any(type(t) is not torch.Tensor for t in tensors))
-
-
-class _Attention(torch.autograd.Function):
-    """The eager path: the ops' own bodies under a plain autograd.Function, without the dispatcher.
-    A custom op's dispatch through torch.library, its autograd wrapper and its checks cost more per
-    call than the kernels take at small shapes; attention() checks its inputs itself, so outside
-    torch.compile (which traces the ops) it calls the bodies directly."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, stage):
-        o, lse = _run_forward(q, k, v, causal, stage)
-        ctx.mark_non_differentiable(lse)
-        # lse gets no gradient: without this, autograd would allocate and zero one for backward().
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.stage = causal, stage
-        return o, lse
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # the kernels' gradients have no autograd graph
-    def backward(ctx, grad_o, grad_lse):
-        if grad_o is None:  # nothing flowed back into O
-            return None, None, None, None, None
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _run_backward(_for_stage(_stage(ctx.stage), grad_o), q, k, v, o, lse, ctx.causal, ctx.stage)
-        return dq, dk, dv, None, None
 
 
 def _autocast_dtype():
@@ -406,11 +193,7 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     dim = q.shape[-1]
     if scale is not None and not math.isclose(scale, 1.0 / math.sqrt(dim), rel_tol=1e-6):
         q = q * (scale * math.sqrt(dim))
-    q, k, v = _for_stage(st, q), _for_stage(st, k), _for_stage(st, v)
-    if _traced(q, k, v):
-        o, lse_log2 = torch.ops.flash_stages.forward(q, k, v, bool(causal), name)
-    else:
-        o, lse_log2 = _Attention.apply(q, k, v, bool(causal), name)
+    o, lse_log2 = torch.ops.flash_stages.forward(q, k, v, bool(causal), name)
     if return_lse:
         return o, lse_log2 * math.log(2.0)
     return o
