@@ -649,7 +649,9 @@ def training_table(csv_path):
         seeds = ", ".join(r["seed"] for r in group)
         return f"{len(group)} run{'' if len(group) == 1 else 's'} (seed{' ' if len(group) == 1 else 's '}{seeds})"
 
-    line = f"One invocation of `python/examples/train.py` on the {rows[-1]['gpu']}, from `{path}`:"
+    # Runs before the dtype column were fp16, train.py's type then.
+    line = (f"One invocation of `python/examples/train.py` on the {rows[-1]['gpu']} in "
+            f"{rows[-1].get('dtype') or 'fp16'}, from `{path}`:")
     if sdpa:
         line += f" SDPA flash, {described(sdpa)}"
     if ours:

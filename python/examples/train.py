@@ -40,7 +40,7 @@ def rotate(x, cos, sin):
     position-dependent angle, so that q·k depends on the distance between positions. The result
     is a new, contiguous [B, H, S, D] tensor."""
     x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # fp16 under autocast: attention takes fp16
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # autocast's type: attention takes fp16 or bf16
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
@@ -100,7 +100,10 @@ def train(args, run, attention, seed, writer):
     torch.manual_seed(seed)
     model = Decoder(args.vocab, args.width, args.heads, args.layers, attention).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    scaler = torch.amp.GradScaler("cuda")
+    dtype = DTYPES[args.dtype]
+    # fp16's narrow range needs the loss scaled so that small gradients do not flush to zero;
+    # bf16 has float32's range and needs no scaling (the scaler is then a pass-through).
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
     data = batches(args, seed)
     half = args.seq // 2
     tokens_per_step = args.batch * args.seq
@@ -113,7 +116,7 @@ def train(args, run, attention, seed, writer):
         for group in optimizer.param_groups:
             group["lr"] = lr
         tokens = next(data)
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=dtype):
             logits = model(tokens[:, :-1])
             # Logit t predicts token t + 1; the loss counts targets S/2 + 1 .. S - 1.
             loss = F.cross_entropy(logits[:, half:].float().reshape(-1, args.vocab),
@@ -131,10 +134,13 @@ def train(args, run, attention, seed, writer):
             rate = ""
             if window_start is not None and window_steps > 0:
                 rate = f"{window_steps * tokens_per_step / (time.perf_counter() - window_start):.0f}"
-            writer.writerow([args.gpu, run, seed, step, f"{loss.item():.5f}", rate])
+            writer.writerow([args.gpu, run, seed, step, f"{loss.item():.5f}", rate, args.dtype])
             print(f"{run} seed {seed} step {step:5d}  loss {loss.item():.4f}  tokens/s {rate}", flush=True)
             torch.cuda.synchronize()
             window_start, window_steps = time.perf_counter(), 0
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def seed_list(text):
@@ -164,6 +170,7 @@ def main():
     parser.add_argument("--heads", type=int, default=4, help="head dim = width / heads (64 or 128)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="autocast's type (default bf16)")
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--sdpa-seeds", type=seed_list, default=[0, 1, 2, 3],
                         help="seeds of the SDPA flash runs, comma-separated (their spread is the noise)")
@@ -184,7 +191,7 @@ def main():
     out = pathlib.Path(args.out) if args.out else default_csv(args.gpu)
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{args.gpu}: {args.layers} layers, width {args.width}, {args.heads} heads of {args.width // args.heads}, "
-          f"S = {args.seq}, batch {args.batch}, vocab {args.vocab}; flash_stages stage {stage}; best loss 0; "
+          f"S = {args.seq}, batch {args.batch}, vocab {args.vocab}, {args.dtype}; flash_stages stage {stage}; best loss 0; "
           f"{args.steps} steps per run; SDPA seeds {args.sdpa_seeds}, flash_stages seeds {args.flash_stages_seeds}")
 
     def ours(q, k, v):
@@ -200,7 +207,7 @@ def main():
             runs.append((f"flash_stages_{stage}", ours, args.flash_stages_seeds[i]))
     with open(out, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["gpu", "run", "seed", "step", "loss", "tokens_per_s"])
+        writer.writerow(["gpu", "run", "seed", "step", "loss", "tokens_per_s", "dtype"])
         for run, attention, seed in runs:
             start = time.perf_counter()
             train(args, run, attention, seed, writer)

@@ -155,13 +155,13 @@ def attention(q, k, v, causal=False, scale=None, stage=None, return_lse=False):
     heads_kv may divide heads (grouped-query attention, query head h reading K/V head
     h // (heads / heads_kv)) in the stages whose StageInfo says grouped_heads (08 and 10), and
     seq_kv differ from seq (a KV cache, cross-attention) in those whose StageInfo says kv_lengths
-    (08); with ``causal`` the mask is aligned bottom-right, as FlashAttention's: query i sees keys
+    (08 and 10); with ``causal`` the mask is aligned bottom-right, as FlashAttention's: query i sees keys
     0..i + seq_kv - seq, so causal needs seq_kv >= seq.
     A stage whose StageInfo says strided (stage 10) reads q, k, v and dO through their strides, so
     a [batch, seq, heads, dim] tensor transposed to [batch, heads, seq, dim] runs without a copy,
     and O and the gradients come out in the inputs' layout where those are dense (else contiguous);
-    the other stages get non-contiguous
-    inputs copied first. Views that do not start on a 16-byte boundary are copied for every stage.
+    the other stages get non-contiguous inputs copied first. Views that do not start on a 16-byte
+    boundary are copied for every stage.
 
     scale: None, or within a relative 1e-6 of 1/sqrt(dim) (as ``dim ** -0.5`` is), means 1/sqrt(dim),
     which the kernels apply themselves. Any other value is applied by multiplying q by

@@ -34,8 +34,9 @@
 // added by bulk reductions from a writer thread instead of by each warp's atomics; dK and dV
 // written by TMA stores; every tensor read and written through its strides, as in the forward;
 // grouped K/V heads: a block owns a K/V head's keys and walks the query heads that read them one
-// after the other (BwdWalk), so dK and dV add up over the group in registers.
-// Limits: Hopper only; K and V of Q's length only; with grouped heads a block's walk is the group's
+// after the other (BwdWalk), so dK and dV add up over the group in registers; K and V of another
+// length (S_kv; causal aligned bottom-right), in builds of their own (KV_LENGTHS).
+// Limits: Hopper only; with grouped heads a block's walk is the group's
 // heads long, so there are fewer, longer blocks (most felt with the causal mask); the walked tile
 // is 64 rows; a consumer waits for each tile's dV, dK and dQ products before the next tile's S
 // (queuing S behind them, kCrossTileOverlap, measured slower without atomics); at D = 128 one dQ
@@ -405,13 +406,13 @@ __device__ __forceinline__ void stage_dq(const float (&dq_acc)[DQ_COLS / 2], con
 template <typename Elem, int D, bool BOTH_GROUPS>
 __device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const float (&dv_acc)[D / 2], const BwdSmem<Elem> &m,
                                             const CUtensorMap *dk_map, const CUtensorMap *dv_map, Elem *dk, Elem *dv,
-                                            const RowLayout &dk_rows, const RowLayout &dv_rows, float scale, int S, int head_index, int k0, int consumer, int group_row0,
+                                            const RowLayout &dk_rows, const RowLayout &dv_rows, float scale, int S_kv, int head_index, int k0, int consumer, int group_row0,
                                             int warp_row0, int warp_key0, int lane, int g, int t) {
     if constexpr (kTmaStoreDkDv) {
         // The owned tiles become the staging tiles once no warpgroup reads them: where a
         // group's dQ product reads the keys of both (atomic dQ at D = 128, or at D = 64 too
         // with DQ_PER_GROUP=0), once both are done; else each group's own rows once it is.
-        // Rows past S are not written.
+        // Rows past S_kv are not written (the tensor map ends there).
         if (BOTH_GROUPS)
             named_barrier_sync(1, 128 * BWD_GROUPS);
         else
@@ -431,26 +432,27 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[D / 2], const 
             bulk_wait_read<0>();  // the block's shared memory must outlive the stores' reads
         }
     } else {
-        store_rows<Elem, D>(dk, dk_rows, head_index, dk_acc, scale, warp_key0, S, lane);
-        store_rows<Elem, D>(dv, dv_rows, head_index, dv_acc, 1.0f, warp_key0, S, lane);
+        store_rows<Elem, D>(dk, dk_rows, head_index, dk_acc, scale, warp_key0, S_kv, lane);
+        store_rows<Elem, D>(dv, dv_rows, head_index, dv_acc, 1.0f, warp_key0, S_kv, lane);
     }
 }
 
 // Pᵀ, in place of Sᵀ (64 keys x 64 queries of a walked tile, this thread's 32 values: keys
 // warp_key0 + g and + 8, queries q_start + 8j + 2t and + 1), from each query's lse in log2 units
-// (col_lse). Keys after their query are masked where the tile reaches the diagonal, and keys past
-// S where the block has them (KEYS_PAST_S).
+// (col_lse). Keys after their query's diagonal (causal: query i sees keys 0 .. i + S_kv - S, so
+// first_diagonal = q_start + S_kv - S) are masked where the tile reaches it (diagonal), and keys
+// past S_kv where the block has them (KEYS_PAST_S).
 template <bool KEYS_PAST_S>
 __device__ __forceinline__ void probabilities_t(float (&st_acc)[32], const float *col_lse, float scale_log2, bool diagonal,
-                                                int warp_key0, int q_start, int S, int g, int t) {
+                                                int warp_key0, int first_diagonal, int S_kv, int g, int t) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const float2 lse_pair = *(const float2 *)&col_lse[8 * j + 2 * t];  // queries 8j + 2t, + 1
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int key = warp_key0 + g + (e < 2 ? 0 : 8), query = q_start + 8 * j + 2 * t + (e & 1);
+            const int key = warp_key0 + g + (e < 2 ? 0 : 8), last_key = first_diagonal + 8 * j + 2 * t + (e & 1);
             const float p = exp2_approx(st_acc[4 * j + e] * scale_log2 - (e & 1 ? lse_pair.y : lse_pair.x));
-            st_acc[4 * j + e] = (diagonal && key > query) || (KEYS_PAST_S && key >= S) ? 0.0f : p;
+            st_acc[4 * j + e] = (diagonal && key > last_key) || (KEYS_PAST_S && key >= S_kv) ? 0.0f : p;
         }
     }
 }
@@ -467,9 +469,9 @@ __device__ __forceinline__ void ds_t(float (&dpt_acc)[32], const float (&pt_acc)
 }
 
 // Pᵀ and dSᵀ of a walked tile as A fragments, once S's wgmma group is done (dP's is waited for
-// here). Pᵀ in place of Sᵀ: a key after its query (causal) is masked only in the tiles that reach
-// the block's keys (diagonal); queries past S have lse = infinity, so P = 0 there already. Keys
-// past S (KEYS_PAST_S, in a head's last key block) have the zero rows of K that TMA fills in, so
+// here). Pᵀ in place of Sᵀ: a key after its query's diagonal (causal) is masked only in the tiles
+// that reach the block's keys (diagonal); queries past S have lse = infinity, so P = 0 there
+// already. Keys past S_kv (KEYS_PAST_S, in a head's last key block) have the zero rows of K that TMA fills in, so
 // their scores are 0 and P = 2^-lse, which overflows fp16 wherever a row's scores are all below
 // about -11: dQ += dS K would turn that Inf times the zero row into NaN, so they are masked too.
 // With ATOMIC, dSᵀ also goes to shared memory (ds_tile, rows from ds_row0) before the wgmma that
@@ -479,9 +481,9 @@ __device__ __forceinline__ void pt_and_dst_frags(uint32_t (&pt_frag)[BWD_WALK / 
                                                  uint32_t (&dst_frag)[BWD_WALK / 16][4], float (&st_acc)[32],
                                                  float (&dpt_acc)[32], Elem *ds_tile, const float *col_lse,
                                                  const float *col_delta, float scale_log2, bool diagonal, int warp_key0,
-                                                 int q_start, int S, int ds_row0, int lane) {
+                                                 int first_diagonal, int S_kv, int ds_row0, int lane) {
     const int g = lane / 4, t = lane % 4;
-    probabilities_t<KEYS_PAST_S>(st_acc, col_lse, scale_log2, diagonal, warp_key0, q_start, S, g, t);
+    probabilities_t<KEYS_PAST_S>(st_acc, col_lse, scale_log2, diagonal, warp_key0, first_diagonal, S_kv, g, t);
     wgmma_wait<0>();
     fence_operands<32>(dpt_acc);
     ds_t(dpt_acc, st_acc, col_delta, t);  // dSᵀ = Pᵀ ∘ (dPᵀ - δ), in place of dPᵀ
@@ -532,7 +534,7 @@ template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S, typename Walk>
 __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUtensorMap *dk_map, const CUtensorMap *dv_map,
                                                const float *lse_log2, const float *delta, Elem *dk, Elem *dv,
                                                const RowLayout &dk_rows, const RowLayout &dv_rows, float *dq_accum, int S,
-                                               float scale, int causal, int head_index, int k0, const Walk &walk) {
+                                               int S_kv, float scale, int causal, int head_index, int k0, const Walk &walk) {
     const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int warp_row0 = (threadIdx.x % 128) / 32 * 16;  // the warp's 16 rows in its group's 64
     const int group_row0 = consumer * 64, warp_key0 = k0 + group_row0 + warp_row0;
@@ -596,9 +598,12 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
         if (kOverlap && tile > 0) release(tile - 1);
         uint32_t pt_frag[BWD_WALK / 16][4], dst_frag[BWD_WALK / 16][4];
         Elem *ds_tile = m.ds + (tile % 2) * BwdLayout<D>::DS_ELEMS;
+        // The last key the tile's first query sees (causal); the tile reaches the block's keys
+        // where that is before the block's last key.
+        const int first_diagonal = q_start + S_kv - S;
         pt_and_dst_frags<Elem, ATOMIC, KEYS_PAST_S>(pt_frag, dst_frag, st_acc, dpt_acc, ds_tile, col_lse, col_delta, scale_log2,
-                                              causal && q_start < k0 + BWD_OWN, warp_key0, q_start, S,
-                                              group_row0 + warp_row0, lane);
+                                              causal && first_diagonal < k0 + BWD_OWN - 1, warp_key0, first_diagonal,
+                                              S_kv, group_row0 + warp_row0, lane);
         float dq_acc[DQ_COLS / 2];
         issue_tile_products<Elem, D, ATOMIC, DQ_COLS, DQ_KEYS, kDqReadsBothGroups>(
             dq_acc, dv_acc, dk_acc, pt_frag, dst_frag, ds_tile, k_cols, q_tile, do_tile, dq_key0, consumer);
@@ -617,7 +622,7 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
     }
     wgmma_wait<0>();
     fence_operands<D / 2>(dv_acc), fence_operands<D / 2>(dk_acc);
-    store_dk_dv<Elem, D, kDqReadsBothGroups>(dk_acc, dv_acc, m, dk_map, dv_map, dk, dv, dk_rows, dv_rows, scale, S, head_index,
+    store_dk_dv<Elem, D, kDqReadsBothGroups>(dk_acc, dv_acc, m, dk_map, dv_map, dk, dv, dk_rows, dv_rows, scale, S_kv, head_index,
                                        k0, consumer,
                                        group_row0, warp_row0, warp_key0, lane, g, t);
 }
@@ -625,17 +630,19 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
 // dK, dV (and with ATOMIC dQ's share) for BWD_OWN keys per block; query tiles (Q and dO) stream
 // through the ring. Everything is computed transposed (keys as rows), so that Pᵀ and dSᵀ come out
 // as accumulators with keys as rows: the A operands of dV += Pᵀ dO and dK += dSᵀ Q. KEYS_PAST_S:
-// S is not a multiple of BWD_OWN, so each head's last key block has keys past S to mask; chosen
+// S_kv is not a multiple of BWD_OWN, so each head's last key block has keys past S_kv to mask; chosen
 // per launch, as FlashAttention-2's Is_even_MN, so that the blocks of a length with no such keys
-// carry no test for them.
-template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S, bool GROUPED>
+// carry no test for them. KV_LENGTHS: K and V may have another length than Q; a build of its own
+// for the same reason (where the lengths are equal, S_kv is S at compile time).
+template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S, bool GROUPED, bool KV_LENGTHS>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                const __grid_constant__ CUtensorMap dk_map, const __grid_constant__ CUtensorMap dv_map,
                const float *lse_log2, const float *delta, Elem *dk, Elem *dv, RowLayout dk_rows, RowLayout dv_rows,
-               float *dq_accum, int *dq_heads_done, int first_head, int heads_per_kv, int S, float scale,
+               float *dq_accum, int *dq_heads_done, int first_head, int heads_per_kv, int S, int S_kv_given, float scale,
                int causal) {
+    const int S_kv = KV_LENGTHS ? S_kv_given : S;
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: K, V; walked: Q, dO
@@ -643,7 +650,8 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     // that read it, b * H + h_kv * heads_per_kv + i, which are head_index * heads_per_kv + i.
     const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;
     const int k0 = blockIdx.x * BWD_OWN;
-    const int first_tile = causal ? k0 / BWD_WALK : 0;  // earlier queries see none of these keys
+    // Causal: queries before k0 - (S_kv - S) see none of these keys.
+    const int first_tile = causal ? max(0, k0 - (S_kv - S)) / BWD_WALK : 0;
     const BwdWalk<GROUPED> walk = {head_index * heads_per_kv, heads_per_kv, first_tile, ceil_div(S, BWD_WALK) - first_tile};
     if (ATOMIC && threadIdx.x == 0) {  // published by init_tma_ring's fence and __syncthreads
         for (int slot = 0; slot < BwdLayout<D>::DQ_SLOTS; slot++)
@@ -660,29 +668,32 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     } else {
         setmaxnreg_inc<240>();
         dk_dv_consumer<Elem, D, ATOMIC, KEYS_PAST_S>(m, &dk_map, &dv_map, lse_log2, delta, dk, dv, dk_rows, dv_rows, dq_accum,
-                                               S, scale, causal, head_index, k0, walk);
+                                               S, S_kv, scale, causal, head_index, k0, walk);
     }
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)dk_map, (void)dv_map, (void)lse_log2, (void)delta;
     (void)dk, (void)dv, (void)dk_rows, (void)dv_rows, (void)dq_accum, (void)dq_heads_done, (void)first_head, (void)heads_per_kv,
-        (void)S, (void)scale, (void)causal, (void)kTmaStoreDkDv;
+        (void)S, (void)S_kv, (void)scale, (void)causal, (void)kTmaStoreDkDv;
 #endif
 }
 
-// dQ for BWD_OWN queries per block; key tiles (K and V) stream through the ring.
-template <typename Elem, int D>
+// dQ for BWD_OWN queries per block; key tiles (K and V) stream through the ring. KV_LENGTHS as in
+// backward_dk_dv.
+template <typename Elem, int D, bool KV_LENGTHS>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
             const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
             const float *lse_log2, const float *delta, Elem *dq, RowLayout dq_rows, int first_head, int heads_per_kv, int S,
-            float scale, int causal) {
+            int S_kv_given, float scale, int causal) {
+    const int S_kv = KV_LENGTHS ? S_kv_given : S;
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: Q, dO; walked: K, V
     const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;  // b * H + h (head_chunk)
     const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest first
     const int q0 = q_block * BWD_OWN;
-    const int n_tiles = ceil_div(causal ? min(S, q0 + BWD_OWN) : S, BWD_WALK);
+    // Causal: up to the diagonal of the block's last query (its index plus S_kv - S).
+    const int n_tiles = ceil_div(causal ? min(S_kv, q0 + BWD_OWN + S_kv - S) : S_kv, BWD_WALK);
     init_tma_ring(m.full, m.empty, BwdLayout<D>::STAGES, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
@@ -726,14 +737,15 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
             wgmma_wait<1>();
             fence_operands<32>(s_acc);
             if (kCrossTileOverlap && tile > 0) release(tile - 1);
-            // P in place; masked keys (past S, or causal) give 0.
+            // P in place; masked keys (past S_kv, or causal past the query's diagonal) give 0.
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int r = e / 2, key = k0 + 8 * j + 2 * t + (e & 1), query = warp_query0 + g + 8 * r;
+                    const int r = e / 2, key = k0 + 8 * j + 2 * t + (e & 1);
+                    const int last_key = warp_query0 + g + 8 * r + S_kv - S;
                     const float p = exp2_approx(s_acc[4 * j + e] * scale_log2 - row_lse[r]);
-                    s_acc[4 * j + e] = key >= S || (causal && key > query) ? 0.0f : p;
+                    s_acc[4 * j + e] = key >= S_kv || (causal && key > last_key) ? 0.0f : p;
                 }
             wgmma_wait<0>();
             fence_operands<32>(dp_acc);
@@ -763,7 +775,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 #else
     (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse_log2, (void)delta, (void)dq, (void)dq_rows, (void)first_head,
         (void)heads_per_kv;
-    (void)S, (void)scale, (void)causal, (void)kCrossTileOverlap;
+    (void)S, (void)S_kv, (void)scale, (void)causal, (void)kCrossTileOverlap;
 #endif
 }
 
@@ -777,7 +789,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 // themselves done in dq_heads_done.
 template <typename Elem, int D>
 __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_accum, const int *dq_heads_done,
-                                                             Elem *dq, RowLayout dq_rows, int S, float scale) {
+                                                             Elem *dq, RowLayout dq_rows, int S, int S_kv, float scale) {
     // Rows 16 bytes longer than D: the 8 rows a warp's fp16 pairs fall in start in other banks.
     constexpr int PITCH = D + 8;
     __shared__ __align__(16) Elem tile_rows[BWD_WALK * PITCH];
@@ -790,7 +802,7 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
         // call, after which the context is unusable) instead of hanging it.
         if (threadIdx.x == 0) {
             const unsigned long long start = globaltimer_ns();
-            while (counter_load_acquire(&dq_heads_done[head_index]) < ceil_div(S, BWD_OWN)) {
+            while (counter_load_acquire(&dq_heads_done[head_index]) < ceil_div(S_kv, BWD_OWN)) {
                 if (globaltimer_ns() - start > 60ull * 1000000000ull) __trap();
                 __nanosleep(64);
             }
@@ -842,25 +854,26 @@ struct BwdRows {
 };
 
 static BwdRows bwd_rows(const attn_shape *s, const attn_tensors *t) {
-    const int H = s->heads, H_kv = attn_kv_heads(s), S = s->seq, D = s->dim;
-    return {row_layout(t->q_strides, H, S, D),    row_layout(t->k_strides, H_kv, S, D),
-            row_layout(t->v_strides, H_kv, S, D), row_layout(t->d_o_strides, H, S, D),
-            row_layout(t->dq_strides, H, S, D),   row_layout(t->dk_strides, H_kv, S, D),
-            row_layout(t->dv_strides, H_kv, S, D)};
+    const int H = s->heads, H_kv = attn_kv_heads(s), S = s->seq, S_kv = attn_kv_seq(s), D = s->dim;
+    return {row_layout(t->q_strides, H, S, D),          row_layout(t->k_strides, H_kv, S_kv, D),
+            row_layout(t->v_strides, H_kv, S_kv, D),    row_layout(t->d_o_strides, H, S, D),
+            row_layout(t->dq_strides, H, S, D),         row_layout(t->dk_strides, H_kv, S_kv, D),
+            row_layout(t->dv_strides, H_kv, S_kv, D)};
 }
 
 template <typename Elem, int D>
 static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_tensors *t, const BwdRows &rows) {
     const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
     const RowLayout layouts[4] = {rows.q, rows.k, rows.v, rows.d_o};
-    const int B = s->batch, S = s->seq;
+    const int B = s->batch, S = s->seq, S_kv = attn_kv_seq(s), lengths[4] = {S, S_kv, S_kv, S};
     cudaError_t err = cudaSuccess;
     for (int i = 0; i < 4 && err == cudaSuccess; i++) {
-        err = make_tensor_map(&maps->own[i], tensors[i], s->dtype, layouts[i], B, S, D, BWD_OWN);
-        if (err == cudaSuccess) err = make_tensor_map(&maps->walk[i], tensors[i], s->dtype, layouts[i], B, S, D, BWD_WALK);
+        err = make_tensor_map(&maps->own[i], tensors[i], s->dtype, layouts[i], B, lengths[i], D, BWD_OWN);
+        if (err == cudaSuccess)
+            err = make_tensor_map(&maps->walk[i], tensors[i], s->dtype, layouts[i], B, lengths[i], D, BWD_WALK);
     }
-    if (err == cudaSuccess) err = make_tensor_map(&maps->dk, t->dk, s->dtype, rows.dk, B, S, D, 64);
-    if (err == cudaSuccess) err = make_tensor_map(&maps->dv, t->dv, s->dtype, rows.dv, B, S, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map(&maps->dk, t->dk, s->dtype, rows.dk, B, S_kv, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map(&maps->dv, t->dv, s->dtype, rows.dv, B, S_kv, D, 64);
     return err;
 }
 
@@ -874,14 +887,19 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     cudaError_t err =
         launch_backward_delta<Elem>(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
     const size_t smem = BwdLayout<D>::bytes;
-    // Chosen per launch: keys past S to mask (KEYS_PAST_S), and query heads grouped on a K/V head.
-    const bool keys_past_s = s->seq % BWD_OWN != 0, grouped = attn_group(s) > 1;
-    const auto dk_dv = keys_past_s ? (grouped ? backward_dk_dv<Elem, D, kAtomicDq, true, true>
-                                              : backward_dk_dv<Elem, D, kAtomicDq, true, false>)
-                                   : (grouped ? backward_dk_dv<Elem, D, kAtomicDq, false, true>
-                                              : backward_dk_dv<Elem, D, kAtomicDq, false, false>);
+    // Chosen per launch: keys past S_kv to mask (KEYS_PAST_S), and query heads grouped on a K/V head.
+    const int S = s->seq, S_kv = attn_kv_seq(s);
+    // K/V lengths: one build, which masks keys past S_kv in every head's last key block.
+    const bool keys_past_s = S_kv % BWD_OWN != 0, grouped = attn_group(s) > 1, kv_lengths = S_kv != S;
+    const auto dk_dv = kv_lengths    ? (grouped ? backward_dk_dv<Elem, D, kAtomicDq, true, true, true>
+                                                : backward_dk_dv<Elem, D, kAtomicDq, true, false, true>)
+                       : keys_past_s ? (grouped ? backward_dk_dv<Elem, D, kAtomicDq, true, true, false>
+                                                : backward_dk_dv<Elem, D, kAtomicDq, true, false, false>)
+                                     : (grouped ? backward_dk_dv<Elem, D, kAtomicDq, false, true, false>
+                                                : backward_dk_dv<Elem, D, kAtomicDq, false, false, false>);
+    const auto dq_kernel = kv_lengths ? backward_dq<Elem, D, true> : backward_dq<Elem, D, false>;
     if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, smem);
-    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(backward_dq<Elem, D>, smem);
+    if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(dq_kernel, smem);
     const float scale = 1.0f / sqrtf((float)D);
     const BwdRows rows = bwd_rows(s, t);
     BwdMaps maps;
@@ -898,21 +916,21 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     // on: backward_dk_dv K/V heads (b * H_kv + h_kv), backward_dq query heads.
     const int heads_per_kv = attn_group(s), kv_heads_total = s->batch * attn_kv_heads(s);
     for (int first = 0; first < kv_heads_total && err == cudaSuccess;) {
-        const head_chunk c = head_chunk_from(first, kv_heads_total, ceil_div(s->seq, BWD_OWN));
+        const head_chunk c = head_chunk_from(first, kv_heads_total, ceil_div(S_kv, BWD_OWN));
         err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2], maps.walk[3], maps.dk,
                      maps.dv, lse, delta, (Elem *)t->dk, (Elem *)t->dv, rows.dk, rows.dv, dq_accum, dq_heads_done, first,
-                     heads_per_kv, s->seq, scale, s->causal);
+                     heads_per_kv, S, S_kv, scale, s->causal);
         first += c.count;
     }
     for (int first = 0; first < heads_total && err == cudaSuccess && !kAtomicDq;) {
-        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(s->seq, BWD_OWN));
-        err = launch(backward_dq<Elem, D>, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
-                     maps.own[3], lse, delta, (Elem *)t->dq, rows.dq, first, heads_per_kv, s->seq, scale, s->causal);
+        const head_chunk c = head_chunk_from(first, heads_total, ceil_div(S, BWD_OWN));
+        err = launch(dq_kernel, c.grid, BWD_THREADS, smem, maps.own[0], maps.walk[1], maps.walk[2],
+                     maps.own[3], lse, delta, (Elem *)t->dq, rows.dq, first, heads_per_kv, S, S_kv, scale, s->causal);
         first += c.count;
     }
     if (err == cudaSuccess && kAtomicDq)
-        err = launch(backward_dq_unpermute<Elem, D>, dim3(heads_total * ceil_div(s->seq, BWD_WALK)), 256, 0,
-                     (const float *)dq_accum, (const int *)dq_heads_done, (Elem *)t->dq, rows.dq, s->seq, scale);
+        err = launch(backward_dq_unpermute<Elem, D>, dim3(heads_total * ceil_div(S, BWD_WALK)), 256, 0,
+                     (const float *)dq_accum, (const int *)dq_heads_done, (Elem *)t->dq, rows.dq, S, S_kv, scale);
     return err;
 }
 

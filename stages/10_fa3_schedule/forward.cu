@@ -40,7 +40,9 @@
 // for the backward pass (backward.cu), as stage 08's forward writes it; every tensor read and
 // written through its strides (4-D tensor maps, column, row, head and batch: make_tensor_map), so
 // that [B, S, H, D] memory, as a model's projections leave Q, K and V, needs no copy; K and V may
-// have fewer heads than Q (grouped-query attention: query head h reads K/V head h / (H / H_kv)).
+// have fewer heads than Q (grouped-query attention: query head h reads K/V head h / (H / H_kv))
+// and another length (S_kv keys: a KV cache, cross-attention; the causal mask aligned bottom-right,
+// query i seeing keys 0 .. i + S_kv - S, as stage 08's).
 // The kernel, wgmma_forward, is a skeleton over named steps: produce (the producer loop), then per
 // query tile attend_overlapped or attend_in_order (the consumer loop, over online_softmax) and
 // store_query_tile (the epilogue); FwdRings lays out shared memory, and KvReader and
@@ -271,18 +273,20 @@ __device__ __forceinline__ void issue_pv(float (&o_acc)[D / 2], const uint32_t (
 
 // Mask tile k0 if `masked`, then the online softmax of this thread's rows g and g + 8 (stage
 // 07's): s_acc becomes P (fp32, unnormalized), row_max and row_sum advance, and alpha[r] is the
-// factor by which row r of O must be scaled before this tile's P V is added.
+// factor by which row r of O must be scaled before this tile's P V is added. Keys past S_kv are
+// masked, and with `causal` keys past a row's diagonal: the last key it sees, its query index plus
+// S_kv - S (`diagonal` is the warp's first row's).
 __device__ __forceinline__ void softmax_step(float (&s_acc)[KEY_TILE / 2], float (&row_max)[2], float (&row_sum)[2],
-                                             float (&alpha)[2], bool masked, int k0, int S, int causal,
-                                             int first_query, int g, int t, float scale_log2) {
+                                             float (&alpha)[2], bool masked, int k0, int S_kv, int causal,
+                                             int diagonal, int g, int t, float scale_log2) {
     if (masked) {
 #pragma unroll
         for (int j = 0; j < KEY_TILE / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = k0 + 8 * j + 2 * t + (e & 1);
-                const int query = first_query + g + (e < 2 ? 0 : 8);
-                if (key >= S || (causal && key > query)) s_acc[4 * j + e] = -INFINITY;
+                const int last_key = diagonal + g + (e < 2 ? 0 : 8);
+                if (key >= S_kv || (causal && key > last_key)) s_acc[4 * j + e] = -INFINITY;
             }
     }
 #pragma unroll
@@ -308,25 +312,25 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[KEY_TILE / 2], float
     }
 }
 
-// The softmax of key tile k0, masked where the tile reaches past S or, causal, past the warp's
-// first row. TWO_PATHS (kSoftmaxUnderPv): as two compiled paths, masked and unmasked, on a
+// The softmax of key tile k0, masked where the tile reaches past S_kv or, causal, past the warp's
+// first row's diagonal. TWO_PATHS (kSoftmaxUnderPv): as two compiled paths, masked and unmasked, on a
 // branch the compiler knows to be the same in every thread of the warp (lane 0's condition: it
-// depends only on the tile, S, the mask and the warp's first row, which all its lanes share).
+// depends only on the tile, S_kv, the mask and the warp's first row, which all its lanes share).
 // This picks the path; softmax_step above does the work. In one path, with the mask under a
 // branch of its own, ptxas scheduled the exponentials after the wait for P V that follows in
 // the overlap loop, where nothing of this warpgroup's runs beside them; the two paths end
 // before that wait.
 template <bool TWO_PATHS = false>
 __device__ __forceinline__ void online_softmax(float (&s_acc)[KEY_TILE / 2], float (&row_max)[2], float (&row_sum)[2],
-                                               float (&alpha)[2], int k0, int S, int causal, int first_query,
+                                               float (&alpha)[2], int k0, int S_kv, int causal, int diagonal,
                                                int g, int t, float scale_log2) {
-    const bool masked = k0 + KEY_TILE > S || (causal && k0 + KEY_TILE - 1 > first_query);
+    const bool masked = k0 + KEY_TILE > S_kv || (causal && k0 + KEY_TILE - 1 > diagonal);
     if constexpr (!TWO_PATHS)
-        softmax_step(s_acc, row_max, row_sum, alpha, masked, k0, S, causal, first_query, g, t, scale_log2);
+        softmax_step(s_acc, row_max, row_sum, alpha, masked, k0, S_kv, causal, diagonal, g, t, scale_log2);
     else if (__shfl_sync(0xffffffffu, masked, 0))
-        softmax_step(s_acc, row_max, row_sum, alpha, true, k0, S, causal, first_query, g, t, scale_log2);
+        softmax_step(s_acc, row_max, row_sum, alpha, true, k0, S_kv, causal, diagonal, g, t, scale_log2);
     else
-        softmax_step(s_acc, row_max, row_sum, alpha, false, k0, S, causal, first_query, g, t, scale_log2);
+        softmax_step(s_acc, row_max, row_sum, alpha, false, k0, S_kv, causal, diagonal, g, t, scale_log2);
 }
 
 template <int D>
@@ -445,7 +449,8 @@ template <typename Elem, int D, int GROUPS, bool SPLIT> struct FwdRings {
 template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
 __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &r, const CUtensorMap *q_map,
                                         const CUtensorMap *k_map, const CUtensorMap *v_map,
-                                        const Schedule &schedule, int S, int heads, int heads_per_kv, int causal) {
+                                        const Schedule &schedule, int S, int S_kv, int heads, int heads_per_kv,
+                                        int causal) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
     int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
@@ -457,7 +462,8 @@ __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &
             const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
             const HeadCoords hc = head_coords(schedule.head<DYNAMIC>(unit), heads);
             const HeadCoords kv_at = {hc.head / heads_per_kv, hc.batch};  // the K/V head query head h reads
-            const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
+            // Causal: up to the diagonal of the tile's last row (its query index plus S_kv - S).
+            const int n_tiles = ceil_div(causal ? min(S_kv, q0 + BLOCK_ROWS + S_kv - S) : S_kv, KEY_TILE);
             const int q_slot = free_q_slot(tiles_done);
             // DYNAMIC (one tile a unit, one Q slot): the next unit is claimed as this one's Q is
             // loaded, not earlier, so that a block holds at most the unit after the one in hand
@@ -608,8 +614,8 @@ template <typename Elem, int D, int GROUPS, bool SPLIT> struct KvReader {
 template <typename Elem, int D, int GROUPS, bool SPLIT>
 __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                  const KvReader<Elem, D, GROUPS, SPLIT> &kv, const Elem *q_tile,
-                                                 uint64_t *q_released, int n_tiles, int S, int causal,
-                                                 int first_query, int consumer, const Turns<GROUPS> &turns, int g,
+                                                 uint64_t *q_released, int n_tiles, int S_kv, int causal,
+                                                 int diagonal, int consumer, const Turns<GROUPS> &turns, int g,
                                                  int t, float scale_log2) {
     constexpr int BLOCK_ROWS = FwdLayout<D, GROUPS, SPLIT>::BLOCK_ROWS;
     float s_acc[KEY_TILE / 2], alpha[2];  // S, then P (fp32), of the key tile in hand
@@ -631,7 +637,7 @@ __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (
     fence_operands<KEY_TILE / 2>(s_acc);
     kv.release_k(0);
     if (n_tiles == 1) mbarrier_arrive_warp(q_released);
-    online_softmax(s_acc, row_max, row_sum, alpha, 0, S, causal, first_query, g, t, scale_log2);
+    online_softmax(s_acc, row_max, row_sum, alpha, 0, S_kv, causal, diagonal, g, t, scale_log2);
     pack_a_frags<Elem, KEY_TILE>(p_frag, s_acc);  // O is still 0: nothing to rescale
     for (int tile = 1; tile < n_tiles; tile++) {
         k_tile = kv.k(tile);
@@ -645,7 +651,7 @@ __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (
         kv.release_k(tile);
         if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);  // the query tile's last read of Q
         online_softmax<kSoftmaxUnderPv && D == 128>(s_acc, row_max, row_sum, alpha, tile * KEY_TILE,
-                                                   S, causal, first_query, g, t, scale_log2);
+                                                   S_kv, causal, diagonal, g, t, scale_log2);
         wgmma_wait<0>();
         fence_operands<D / 2>(o_acc);
         kv.release_v(tile - 1);
@@ -667,8 +673,8 @@ __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (
 template <typename Elem, int D, int GROUPS, bool SPLIT>
 __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                  const KvReader<Elem, D, GROUPS, SPLIT> &kv, const Elem *q_tile,
-                                                 uint64_t *q_released, int n_tiles, int S, int causal,
-                                                 int first_query, int consumer, const Turns<GROUPS> &turns, int g,
+                                                 uint64_t *q_released, int n_tiles, int S_kv, int causal,
+                                                 int diagonal, int consumer, const Turns<GROUPS> &turns, int g,
                                                  int t, float scale_log2, bool split) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int BLOCK_ROWS = FwdLayout<D, GROUPS, SPLIT>::BLOCK_ROWS;
@@ -678,7 +684,7 @@ __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&r
     // does not own (in a shared-out tile) is only waited for and released: its
     // slots are free once every warpgroup has arrived.
     const int q_group = split ? 0 : consumer;  // whose Q rows this warpgroup multiplies
-    const int walk_query = first_query - (split ? consumer * GROUP_ROWS : 0);
+    const int walk_diagonal = diagonal - (split ? consumer * GROUP_ROWS : 0);
     for (int tile = 0; tile < n_tiles; tile++) {
         const bool mine = !split || (tile + 1) % GROUPS == consumer;
         const Elem *k_tile = kv.k(tile);
@@ -692,7 +698,7 @@ __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&r
         kv.release_k(tile);
         if (tile == n_tiles - 1) mbarrier_arrive_warp(q_released);
         if (mine) {
-            online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S, causal, walk_query, g,
+            online_softmax(s_acc, row_max, row_sum, alpha, tile * KEY_TILE, S_kv, causal, walk_diagonal, g,
                            t, scale_log2);
             rescale_rows<D>(o_acc, alpha);
             pack_a_frags<Elem, KEY_TILE>(p_frag, s_acc);
@@ -710,11 +716,17 @@ __device__ __forceinline__ void attend_in_order(float (&o_acc)[D / 2], float (&r
     if (split) merge_shared_out_parts<D, GROUPS, L::MERGE_VALUES>(o_acc, row_max, row_sum, kv.rings.merge, consumer);
 }
 
-template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC>
+// KV_LENGTHS: K and V may have another length than Q (S_kv keys per head). A build of its own,
+// chosen per launch as KEYS_PAST_S is in the backward, so that where the lengths are equal S_kv is
+// S at compile time and the kernel compiles to the instructions it had without them (with S_kv
+// known only at run time, the three-warpgroup build measured 1.5% slower at S = 4096).
+template <typename Elem, int D, int GROUPS, bool SPLIT, bool DYNAMIC, bool KV_LENGTHS>
 __global__ void __launch_bounds__(FwdLayout<D, GROUPS, SPLIT>::THREADS, 1)
 wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Elem *o,
-              RowLayout o_rows, float *lse_log2, int S, int heads_per_kv, float scale, int causal, Schedule schedule) {
+              RowLayout o_rows, float *lse_log2, int S, int S_kv_given, int heads_per_kv, float scale, int causal,
+              Schedule schedule) {
+    const int S_kv = KV_LENGTHS ? S_kv_given : S;
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS, SPLIT>;
     constexpr int Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
@@ -743,8 +755,8 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&v_map);
             if (L::TMA_STORE) tma_prefetch_descriptor(&o_map);
-            produce<Elem, D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, o_rows.heads, heads_per_kv,
-                                                     causal);
+            produce<Elem, D, GROUPS, SPLIT, DYNAMIC>(rings, &q_map, &k_map, &v_map, schedule, S, S_kv, o_rows.heads,
+                                                     heads_per_kv, causal);
         }
     } else {
         setmaxnreg_inc<L::CONSUMER_REGS>();
@@ -777,12 +789,12 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
             for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
                 const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
                 const int head_index = schedule.head<DYNAMIC>(unit);
-                const int n_tiles = ceil_div(causal ? min(S, q0 + BLOCK_ROWS) : S, KEY_TILE);
+                const int n_tiles = ceil_div(causal ? min(S_kv, q0 + BLOCK_ROWS + S_kv - S) : S_kv, KEY_TILE);
                 // Only the first warpgroup has rows below S: all of them work on its rows, each on
                 // the key tiles it owns (tile n is group (n + 1) % GROUPS's, so the first, which
                 // merges, walks the fewest), and the others only release the rest of the ring.
                 const bool split = L::SPLIT && S - q0 <= GROUP_ROWS;
-                const int first_query = q0 + warp_row0;
+                const int first_query = q0 + warp_row0, diagonal = first_query + S_kv - S;
                 float o_acc[D / 2];  // [D/8 n8 blocks][4], the wgmma accumulator layout
 #pragma unroll
                 for (int e = 0; e < D / 2; e++) o_acc[e] = 0.0f;
@@ -793,11 +805,11 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
 
                 const KvReader<Elem, D, GROUPS, SPLIT> kv{rings, ring};
                 if constexpr (L::OVERLAP)
-                    attend_overlapped<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
-                                                        causal, first_query, consumer, turns, g, t, scale_log2);
+                    attend_overlapped<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S_kv,
+                                                        causal, diagonal, consumer, turns, g, t, scale_log2);
                 else
-                    attend_in_order<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S,
-                                                      causal, first_query, consumer, turns, g, t, scale_log2, split);
+                    attend_in_order<Elem, D, GROUPS, SPLIT>(o_acc, row_max, row_sum, kv, q_tile, q_released, n_tiles, S_kv,
+                                                      causal, diagonal, consumer, turns, g, t, scale_log2, split);
                 ring += n_tiles;
                 // In a shared-out tile the other warpgroups' rows are all past S: their epilogue
                 // below stores nothing.
@@ -812,31 +824,33 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         if (consumer == 0) turns.take();
     }
 #else
-    (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)o_rows, (void)lse_log2, (void)S, (void)heads_per_kv,
+    (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)o_rows, (void)lse_log2, (void)S, (void)S_kv,
+        (void)heads_per_kv,
         (void)scale, (void)causal,
         (void)schedule, (void)kPingPong, (void)kIntraOverlap, (void)kOverlapThreeGroups, (void)kStagger,
         (void)kSoftmaxUnderPv;
 #endif
 }
 
-template <typename Elem, int D, int GROUPS, bool SPLIT = false, bool DYNAMIC = false>
+template <typename Elem, int D, int GROUPS, bool SPLIT = false, bool DYNAMIC = false, bool KV_LENGTHS = false>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    const int heads_total = s->batch * s->heads, B = s->batch, H = s->heads, H_kv = attn_kv_heads(s), S = s->seq;
+    const int heads_total = s->batch * s->heads, B = s->batch, H = s->heads, H_kv = attn_kv_heads(s), S = s->seq,
+              S_kv = attn_kv_seq(s);
     // Each tensor through its own strides (attn_tensors; zero: contiguous [B, H, S, D]); K and V
-    // have H_kv heads, each read by H / H_kv query heads.
+    // have H_kv heads of S_kv keys, each head read by H / H_kv query heads.
     const RowLayout o_rows = row_layout(t->o_strides, H, S, D);
     CUtensorMap q_map, k_map, v_map, o_map;  // O's box: one warpgroup's rows
     cudaError_t err = make_tensor_map(&q_map, t->q, s->dtype, row_layout(t->q_strides, H, S, D), B, S, D, L::BLOCK_ROWS);
     if (err == cudaSuccess)
-        err = make_tensor_map(&k_map, t->k, s->dtype, row_layout(t->k_strides, H_kv, S, D), B, S, D, KEY_TILE);
+        err = make_tensor_map(&k_map, t->k, s->dtype, row_layout(t->k_strides, H_kv, S_kv, D), B, S_kv, D, KEY_TILE);
     if (err == cudaSuccess)
-        err = make_tensor_map(&v_map, t->v, s->dtype, row_layout(t->v_strides, H_kv, S, D), B, S, D, KEY_TILE);
+        err = make_tensor_map(&v_map, t->v, s->dtype, row_layout(t->v_strides, H_kv, S_kv, D), B, S_kv, D, KEY_TILE);
     if (err == cudaSuccess) err = make_tensor_map(&o_map, t->o, s->dtype, o_rows, B, S, D, GROUP_ROWS);
-    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC>, L::bytes);
+    if (err == cudaSuccess) err = allow_dynamic_smem(wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC, KV_LENGTHS>, L::bytes);
     if (err != cudaSuccess) return err;
     const int n_qblocks = ceil_div(s->seq, L::BLOCK_ROWS);
-    const size_t head_bytes = 2 * ELEM_BYTES * (size_t)s->seq * D;  // its K and V (shared with its group)
+    const size_t head_bytes = 2 * ELEM_BYTES * (size_t)S_kv * D;  // its K and V (shared with its group)
     const int section_heads = (int)max((size_t)1, (size_t)SECTION_BYTES / head_bytes);
     Schedule schedule = {n_qblocks, heads_total, !DYNAMIC && kPersistent && s->causal && n_qblocks * heads_total > sms,
                          section_heads, NULL};
@@ -846,8 +860,8 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, in
         err = cudaMemsetAsync(schedule.unit_counter, 0, sizeof(int), stream);
         if (err != cudaSuccess) return err;
     }
-    wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC><<<blocks, L::THREADS, L::bytes, stream>>>(
-        q_map, k_map, v_map, o_map, (Elem *)t->o, o_rows, workspace_lse(s, t), s->seq, attn_group(s),
+    wgmma_forward<Elem, D, GROUPS, SPLIT, DYNAMIC, KV_LENGTHS><<<blocks, L::THREADS, L::bytes, stream>>>(
+        q_map, k_map, v_map, o_map, (Elem *)t->o, o_rows, workspace_lse(s, t), S, S_kv, attn_group(s),
         1.0f / sqrtf((float)s->dim), s->causal, schedule);
     return cudaGetLastError();
 }
@@ -869,6 +883,10 @@ static bool shares_out_last_tile(const attn_shape *s) {
 
 template <typename Elem>
 static cudaError_t forward_of_type(const attn_shape *s, const attn_tensors *t, int sms, cudaStream_t stream) {
+    // K and V of another length than Q: blocks of two consumer warpgroups, statically scheduled.
+    if (attn_kv_seq(s) != s->seq)
+        return s->dim == 128 ? launch_forward<Elem, 128, 2, false, false, true>(s, t, sms, stream)
+                             : launch_forward<Elem, 64, 2, false, false, true>(s, t, sms, stream);
     const int tiles_of_64_rows = ceil_div(s->seq, GROUP_ROWS) * s->batch * s->heads;
     if (kSmallOneGroup && tiles_of_64_rows <= sms)  // every block an SM of its own
         return s->dim == 128 ? launch_forward<Elem, 128, 1>(s, t, sms, stream)
@@ -915,6 +933,7 @@ extern "C" const attn_stage STAGE = {
     .forward_scratch_bytes = forward_scratch_bytes,
     .needs_sm90a = 1,  // wgmma, setmaxnreg: compute capability 9.0 only
     .runs_bf16 = 1,
-    .runs_gqa = 1,      // K/V heads read by their groups of query heads; K and V of Q's length only
+    .runs_gqa = 1,      // K/V heads read by their groups of query heads
     .runs_strided = 1,  // every tensor read and written through its strides (TMA maps, RowLayout)
+    .runs_kv_seq = 1,   // K and V of their own length, the causal mask aligned bottom-right
 };
