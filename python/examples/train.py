@@ -12,7 +12,7 @@ predecessor, so it is determined by what came before and the best achievable los
 model gets there by learning to look the predecessor up and copy what followed it (an induction
 head, over a distance of S/2). Rotary position embeddings give the attention relative positions.
 
-    python python/examples/train.py                           # the runs the README shows
+    python python/examples/train.py --sdpa-seeds 0,1,2        # the runs the README shows
     python python/examples/train.py --steps 300 --seq 1024 --sdpa-seeds 0 --flash-stages-seeds 0   # a quick look
 """
 
