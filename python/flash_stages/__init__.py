@@ -93,14 +93,22 @@ def _lse_shape(q, stage):
 _library.load_operators()
 
 
+def _output_like(stage, t):
+    """An output shaped as t, laid out as csrc/op.cpp's output_like lays it out: in t's layout where
+    the stage reads strides and t's rows are contiguous, else contiguous."""
+    if _stage(stage).runs_strided and t.stride(3) == 1:
+        return torch.empty_like(t)
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 @torch.library.register_fake("flash_stages::forward")
 def _(q, k, v, causal, stage):
-    return torch.empty_like(q), q.new_empty(_lse_shape(q, stage), dtype=torch.float32)
+    return _output_like(stage, q), q.new_empty(_lse_shape(q, stage), dtype=torch.float32)
 
 
 @torch.library.register_fake("flash_stages::backward")
 def _(d_o, q, k, v, o, lse, causal, stage):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _output_like(stage, q), _output_like(stage, k), _output_like(stage, v)
 
 
 def _autocast_dtype():

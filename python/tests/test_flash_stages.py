@@ -209,6 +209,36 @@ def test_the_op_copies_what_the_stage_cannot_read():
         assert torch.equal(torch.ops.flash_stages.forward(q_as, k, v, False, "08_warp_specialized")[0], expected)
 
 
+@pytest.mark.parametrize("stage", TRAINING_STAGES)
+def test_fake_outputs_are_laid_out_as_the_real_ones(stage):
+    # torch.compile plans with the fake implementations: their outputs' strides must be the real
+    # ones, for [B, S, H, D] tensors seen as [B, H, S, D] too (stage 10 keeps that layout, the
+    # others give contiguous outputs). Under inference_mode the op runs without its autograd
+    # kernel, which would copy for the stages that read contiguous tensors only.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    if not runs_here(stage):
+        pytest.skip(f"{stage} needs an H100/H200")
+    q, k, v, d_o = (t.transpose(1, 2) for t in inputs((1, 130, 2, 64), seed=14))
+    with torch.inference_mode():
+        o, lse = torch.ops.flash_stages.forward(q, k, v, True, stage)
+        grads = torch.ops.flash_stages.backward(d_o, q, k, v, o, lse, True, stage)
+        with FakeTensorMode() as mode:
+            fake = [mode.from_tensor(t) for t in (d_o, q, k, v, o, lse)]
+            fake_o, fake_lse = torch.ops.flash_stages.forward(*fake[1:4], True, stage)
+            fake_grads = torch.ops.flash_stages.backward(*fake, True, stage)
+    assert [t.stride() for t in (o, lse, *grads)] == [t.stride() for t in (fake_o, fake_lse, *fake_grads)]
+
+
+def test_a_second_derivative_raises():
+    # The kernels' gradients have no gradient of their own: create_graph=True gives a graph whose
+    # backward raises, rather than zeros.
+    q, k, v, d_o = inputs((1, 2, 64, 64), seed=13, requires_grad=True)
+    o = flash_stages.attention(q, k, v, causal=True)
+    (dq,) = torch.autograd.grad(o, (q,), d_o, create_graph=True)
+    with pytest.raises(RuntimeError):
+        dq.sum().backward()
+
+
 def test_the_op_is_for_cuda_tensors_only():
     q, k, v = (t.cpu() for t in good())
     with pytest.raises(NotImplementedError):

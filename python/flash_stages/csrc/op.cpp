@@ -22,6 +22,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -49,12 +50,14 @@ struct Plan {
 };
 using PlanKey = std::tuple<const attn_stage *, int, int, int, int, int, int, int, int, int>;
 
-// Both maps only grow (one plan per shape a program runs), so references into them stay valid
-// after the lock is released; calls come from several threads (autograd runs the backward on its
-// own).
+// Calls come from several threads (autograd runs the backward on its own). Stage libraries are
+// only added, so references into their map stay valid after the lock is released; plans are
+// copied out, since their map is emptied when it reaches kMaxPlans (a KV cache that grows by a
+// key per step makes a new shape every call).
 std::mutex registry_mutex;
 std::map<std::string, StageLibrary> stage_libraries;  // by stage name
 std::map<PlanKey, Plan> plans;
+constexpr size_t kMaxPlans = 1024;
 
 const StageLibrary &stage_library(c10::string_view name) {
     std::lock_guard<std::mutex> lock(registry_mutex);
@@ -67,11 +70,14 @@ size_t optional_bytes(size_t (*bytes)(const attn_shape *), const attn_shape &sha
     return bytes ? bytes(&shape) : 0;  // a size the stage leaves NULL: it needs no such buffer
 }
 
-const Plan &plan_for(const StageLibrary &stage, const attn_shape &s, int device) {
+Plan plan_for(const StageLibrary &stage, const attn_shape &s, int device) {
     const PlanKey key{stage.table, s.batch, s.heads, s.seq, s.dim, s.causal, s.dtype, s.kv_heads, s.kv_seq, device};
-    std::lock_guard<std::mutex> lock(registry_mutex);
-    const auto found = plans.find(key);
-    if (found != plans.end()) return found->second;
+    {
+        std::lock_guard<std::mutex> lock(registry_mutex);
+        const auto found = plans.find(key);
+        if (found != plans.end()) return found->second;
+    }
+    // Asked outside the lock: the refusal reads the GPU's properties, which takes a while.
     Plan plan{"", 0, 0, 0};
     char message[512];
     if (stage.refusal(&s, device, message, sizeof message)) {
@@ -81,7 +87,10 @@ const Plan &plan_for(const StageLibrary &stage, const attn_shape &s, int device)
         plan.forward_scratch_bytes = optional_bytes(stage.table->forward_scratch_bytes, s);
         plan.backward_scratch_bytes = optional_bytes(stage.table->backward_scratch_bytes, s);
     }
-    return plans.emplace(key, std::move(plan)).first->second;
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    if (plans.size() >= kMaxPlans) plans.clear();
+    plans.emplace(key, plan);
+    return plan;
 }
 
 // Whether the stage's kernels read t where it lies: contiguous, or, for a stage that reads strides,
@@ -118,17 +127,20 @@ attn_strides strides_of(const attn_stage &table, const Tensor &t) {
     return attn_strides{s[0], s[1], s[2]};
 }
 
+// An output shaped as the input t: in t's layout where the stage reads strides and t's rows are
+// contiguous (empty_like keeps a dense layout, and gives others a contiguous one), else
+// contiguous. The rule reads t's strides alone, not where t lies, so that the fake
+// implementations in python/flash_stages give the same layouts (_output_like).
+Tensor output_like(const attn_stage &table, const Tensor &t) {
+    return table.runs_strided && t.stride(3) == 1 ? at::empty_like(t) : at::empty_like(t, at::MemoryFormat::Contiguous);
+}
+
 void *pointer(const Tensor &t) { return t.numel() > 0 ? t.data_ptr() : nullptr; }
 
 Tensor bytes(const Tensor &like, size_t count) {
     return at::empty({static_cast<int64_t>(count)}, like.options().dtype(at::kByte));
 }
 
-// What the kernels assume of the tensors they are handed, so that a direct call of
-// torch.ops.flash_stages.* is as safe as attention(): fp16 or bf16 tensors of one type on one CUDA
-// device (the ops have CUDA kernels only, so a CPU tensor never gets here), q, o and d_o
-// [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv dividing H. Whether the stage takes H_kv != H
-// or S_kv != S, and the GPU, the stage's own check says (plan_for).
 // A tensor's type, sizes and device for a message, as one string. Messages here are built from
 // strings alone: a number streamed from this file into c10's message stream crashed where the
 // process's libstdc++ was of another version than the compiler's headers.
@@ -138,6 +150,11 @@ std::string describe(const Tensor &t) {
     return text + "] on " + t.device().str();
 }
 
+// What the kernels assume of the tensors they are handed, so that a direct call of
+// torch.ops.flash_stages.* is as safe as attention(): fp16 or bf16 tensors of one type on one CUDA
+// device (the ops have CUDA kernels only, so a CPU tensor never gets here), q, o and d_o
+// [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv dividing H. Whether the stage takes H_kv != H
+// or S_kv != S, and the GPU, the stage's own check says (plan_for).
 struct Named {
     const char *name;
     const Tensor &tensor;
@@ -198,10 +215,10 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor &q_in, const Tensor &k_in, 
                  v = readable_tensor(*stage.table, v_in);
     const attn_shape shape = shape_of(q, k, causal);
     const int device = q.get_device();
-    const Plan &plan = plan_for(stage, shape, device);
+    const Plan plan = plan_for(stage, shape, device);
     TORCH_CHECK_VALUE(plan.refusal.empty(), plan.refusal);
     const bool keeps_lse = stage.table->backward != nullptr;
-    const Tensor o = at::empty_like(q);  // in q's layout where the stage reads strides and q is dense
+    const Tensor o = output_like(*stage.table, q_in);
     const Tensor lse = keeps_lse ? at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat))
                                  : at::empty({0}, q.options().dtype(at::kFloat));
     TORCH_CHECK(!keeps_lse || plan.workspace_bytes == lse.nbytes(), "flash_stages: stage ", stage.table->name,
@@ -238,10 +255,10 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor &d_o_in, const Ten
                  k = readable_tensor(table, k_in), v = readable_tensor(table, v_in), o = readable_tensor(table, o_in);
     const attn_shape shape = shape_of(q, k, causal);
     const int device = q.get_device();
-    const Plan &plan = plan_for(stage, shape, device);
+    const Plan plan = plan_for(stage, shape, device);
     TORCH_CHECK_VALUE(plan.refusal.empty(), plan.refusal);
     const Tensor scratch = bytes(q, plan.backward_scratch_bytes);
-    const Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    const Tensor dq = output_like(table, q_in), dk = output_like(table, k_in), dv = output_like(table, v_in);
     attn_tensors t{};
     t.q = pointer(q), t.k = pointer(k), t.v = pointer(v), t.o = pointer(o), t.workspace = pointer(lse);
     t.d_o = pointer(d_o), t.dq = pointer(dq), t.dk = pointer(dk), t.dv = pointer(dv);
@@ -255,8 +272,9 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor &d_o_in, const Ten
 
 // The autograd of flash_stages::forward: the forward saves Q, K, V, O and the log-sum-exp, and the
 // backward hands them to flash_stages::backward. Both call the operators through the dispatcher,
-// below autograd, so that torch.compile traces them (with the fake implementations) as it traces
-// any operator.
+// so that torch.compile traces them (with the fake implementations) as it traces any operator:
+// the forward below autograd; the backward as it is, so that a second derivative through it
+// (create_graph=True) reaches its autograd kernel, which raises an error (it has none).
 class Attention : public torch::autograd::Function<Attention> {
   public:
     static variable_list forward(AutogradContext *ctx, const Tensor &q, const Tensor &k, const Tensor &v, bool causal,
@@ -266,7 +284,8 @@ class Attention : public torch::autograd::Function<Attention> {
                 .findSchemaOrThrow("flash_stages::forward", "")
                 .typed<std::tuple<Tensor, Tensor>(const Tensor &, const Tensor &, const Tensor &, bool, c10::string_view)>();
         // A stage that reads only contiguous tensors gets them so here, once, and the copies are
-        // what the backward reads too (contiguous() returns a contiguous tensor itself).
+        // what the backward reads too (contiguous() returns a contiguous tensor itself; a
+        // misaligned one the op copies in each pass).
         const bool strided = stage_library(stage).table->runs_strided;
         const Tensor qs = strided ? q : q.contiguous(), ks = strided ? k : k.contiguous(), vs = strided ? v : v.contiguous();
         at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -338,4 +357,9 @@ TORCH_LIBRARY_IMPL(flash_stages, CUDA, m) {
     m.impl("backward", &backward_cuda);
 }
 
-TORCH_LIBRARY_IMPL(flash_stages, Autograd, m) { m.impl("forward", &forward_autograd); }
+TORCH_LIBRARY_IMPL(flash_stages, Autograd, m) {
+    m.impl("forward", &forward_autograd);
+    // The kernels' gradients have no gradient of their own: differentiating through them raises
+    // an error instead of giving zeros.
+    m.impl("backward", torch::autograd::autogradNotImplementedFallback());
+}
