@@ -106,15 +106,22 @@ bool readable(const attn_stage &table, const Tensor &t) {
     return true;
 }
 
-// t, or a copy the stage reads: for a stage that reads strides one in t's layout where t is dense
-// (a misaligned view of [B, S, H, D] stays [B, S, H, D]), else a contiguous one.
+// An output shaped as the input t: in t's layout where the stage reads strides and t's rows are
+// contiguous (empty_like keeps a dense layout, and gives others a contiguous one), else
+// contiguous. The rule reads t's strides alone, not where t lies, so that the fake
+// implementations in python/flash_stages give the same layouts (_output_like).
+Tensor output_like(const attn_stage &table, const Tensor &t) {
+    return table.runs_strided && t.stride(3) == 1 ? at::empty_like(t) : at::empty_like(t, at::MemoryFormat::Contiguous);
+}
+
+// t, or a copy the stage reads, laid out as an output (output_like): a fresh allocation starts on
+// a 16-byte boundary, and its layout is one the stage reads (a misaligned view of [B, S, H, D]
+// stays [B, S, H, D] for a stage that reads strides).
 Tensor readable_tensor(const attn_stage &table, const Tensor &t) {
     if (readable(table, t)) return t;
-    if (table.runs_strided) {
-        Tensor dense = t.clone();
-        if (readable(table, dense)) return dense;
-    }
-    return t.clone(at::MemoryFormat::Contiguous);
+    Tensor copy = output_like(table, t);
+    copy.copy_(t);
+    return copy;
 }
 
 // t's attn_strides for a stage that reads strides (all zero, contiguous, for the others). A
@@ -125,14 +132,6 @@ attn_strides strides_of(const attn_stage &table, const Tensor &t) {
     int64_t s[3];
     for (int d = 0; d < 3; d++) s[d] = t.size(d) == 1 ? contiguous[d] : t.stride(d);
     return attn_strides{s[0], s[1], s[2]};
-}
-
-// An output shaped as the input t: in t's layout where the stage reads strides and t's rows are
-// contiguous (empty_like keeps a dense layout, and gives others a contiguous one), else
-// contiguous. The rule reads t's strides alone, not where t lies, so that the fake
-// implementations in python/flash_stages give the same layouts (_output_like).
-Tensor output_like(const attn_stage &table, const Tensor &t) {
-    return table.runs_strided && t.stride(3) == 1 ? at::empty_like(t) : at::empty_like(t, at::MemoryFormat::Contiguous);
 }
 
 void *pointer(const Tensor &t) { return t.numel() > 0 ? t.data_ptr() : nullptr; }
