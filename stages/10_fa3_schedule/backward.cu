@@ -134,6 +134,17 @@ constexpr bool kOwnInRegisters = OWN_IN_REGISTERS && (D == 64 || !kDkDv);
 #endif
 constexpr bool kCrossTileOverlap = CROSS_TILE_OVERLAP;
 
+// Grouped K/V heads (fewer K/V heads than query heads): backward_dk_dv gives each query head
+// blocks of its own, which write that head's share of dK and dV into the backward's scratch, and
+// backward_sum_groups adds each group's shares (1); or each block owns a K/V head's keys and walks
+// the query heads of its group one after the other, dK and dV adding up in registers (0). The walk
+// has fewer blocks, each as long as the group is large, so that its last wave is long and, causal,
+// unequal; the shares cost one write and one read of them, twice K and V times the group.
+#ifndef EXPAND_GROUPS
+#define EXPAND_GROUPS 1
+#endif
+constexpr bool kExpandGroups = EXPAND_GROUPS;
+
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
 // ring of STAGES pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
 // walked rows' lse and delta ([BWD_GROUPS][2][2][BWD_WALK] floats, backward_dk_dv); with atomic dQ
@@ -633,8 +644,10 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
 // S_kv is not a multiple of BWD_OWN, so each head's last key block has keys past S_kv to mask; chosen
 // per launch, as FlashAttention-2's Is_even_MN, so that the blocks of a length with no such keys
 // carry no test for them. KV_LENGTHS: K and V may have another length than Q; a build of its own
-// for the same reason (where the lengths are equal, S_kv is S at compile time).
-template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S, bool GROUPED, bool KV_LENGTHS>
+// for the same reason (where the lengths are equal, S_kv is S at compile time). EXPANDED
+// (kExpandGroups): the block's head is a query head, which it walks, and its keys those of the
+// K/V head it reads; dK and dV are its shares, written at the query head (dk_rows: the shares').
+template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S, bool GROUPED, bool KV_LENGTHS, bool EXPANDED>
 __global__ void __launch_bounds__(BWD_THREADS, 1)
 backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
@@ -648,11 +661,15 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     const BwdSmem<Elem> m = bwd_smem<Elem, D>(smem_raw);  // own: K, V; walked: Q, dO
     // The block's K/V head, b * H_kv + h_kv (head_chunk); it walks the heads_per_kv query heads
     // that read it, b * H + h_kv * heads_per_kv + i, which are head_index * heads_per_kv + i.
+    // EXPANDED: the block's query head b * H + h, the one it walks, reading K/V head h / heads_per_kv.
     const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;
+    const HeadCoords at = head_coords(head_index, dk_rows.heads);
+    const HeadCoords kv_at = EXPANDED ? HeadCoords{at.head / heads_per_kv, at.batch} : at;
+    const int walked_heads = EXPANDED ? 1 : heads_per_kv;  // per block
     const int k0 = blockIdx.x * BWD_OWN;
     // Causal: queries before k0 - (S_kv - S) see none of these keys.
     const int first_tile = causal ? max(0, k0 - (S_kv - S)) / BWD_WALK : 0;
-    const BwdWalk<GROUPED> walk = {head_index * heads_per_kv, heads_per_kv, first_tile, ceil_div(S, BWD_WALK) - first_tile};
+    const BwdWalk<GROUPED> walk = {head_index * walked_heads, walked_heads, first_tile, ceil_div(S, BWD_WALK) - first_tile};
     if (ATOMIC && threadIdx.x == 0) {  // published by init_tma_ring's fence and __syncthreads
         for (int slot = 0; slot < BwdLayout<D>::DQ_SLOTS; slot++)
             mbarrier_init(&m.dq_full[slot], 4 * BWD_GROUPS), mbarrier_init(&m.dq_empty[slot], 1);
@@ -662,8 +679,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
-            bwd_produce<Elem, D>(m, &k_map, &v_map, &q_map, &do_map, k0, head_coords(head_index, dk_rows.heads), walk,
-                                 dk_rows.heads * heads_per_kv);
+            bwd_produce<Elem, D>(m, &k_map, &v_map, &q_map, &do_map, k0, kv_at, walk, dk_rows.heads * walked_heads);
         if (ATOMIC && kBulkReduceDq && threadIdx.x == 32) write_dq<Elem, D>(m, dq_accum, dq_heads_done, S, walk);
     } else {
         setmaxnreg_inc<240>();
@@ -829,6 +845,47 @@ __global__ void __launch_bounds__(256) backward_dq_unpermute(const float *dq_acc
     if (kEarlyDqConversion && blockIdx.x == gridDim.x - 1) grid_dependency_wait();
 }
 
+// Eight elements (16 bytes) added into float sums, and float sums packed back into eight elements.
+template <typename Elem>
+__device__ inline void add_elems8(float (&sum)[8], uint4 bits) {
+    const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 pair = unpack2<Elem>(words[j]);
+        sum[2 * j] += pair.x, sum[2 * j + 1] += pair.y;
+    }
+}
+template <typename Elem>
+__device__ inline uint4 pack_elems8(const float (&sum)[8]) {
+    return make_uint4(pack2<Elem>(sum[0], sum[1]), pack2<Elem>(sum[2], sum[3]), pack2<Elem>(sum[4], sum[5]),
+                      pack2<Elem>(sum[6], sum[7]));
+}
+
+// dK and dV of grouped K/V heads from their query heads' shares (kExpandGroups): row s of K/V
+// head (b, h_kv) is the sum of row s of query heads (b, h_kv * heads_per_kv + i), i < heads_per_kv,
+// in the shares' [B, H, S_kv, D], added in float and stored once, through dK's and dV's strides.
+// One thread per 8 columns of a row: 16-byte loads and stores.
+template <typename Elem, int D>
+__global__ void __launch_bounds__(256) backward_sum_groups(const Elem *dk_parts, const Elem *dv_parts, Elem *dk, Elem *dv,
+                                                           RowLayout dk_rows, RowLayout dv_rows, int S_kv,
+                                                           int heads_per_kv, long long chunks) {
+    grid_dependency_wait();  // the kernels before have written the shares
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= chunks) return;
+    const int col = (int)(i % (D / 8)) * 8;
+    const long long row = i / (D / 8);  // (b * H_kv + h_kv) * S_kv + s
+    const int s = (int)(row % S_kv), kv_head = (int)(row / S_kv);
+    const long long first_share = ((long long)kv_head * heads_per_kv * S_kv + s) * D + col;  // query head kv_head * heads_per_kv
+    float k_sum[8] = {0.0f}, v_sum[8] = {0.0f};
+    for (int g = 0; g < heads_per_kv; g++) {
+        const long long at = first_share + (long long)g * S_kv * D;
+        add_elems8<Elem>(k_sum, *(const uint4 *)(dk_parts + at));
+        add_elems8<Elem>(v_sum, *(const uint4 *)(dv_parts + at));
+    }
+    *(uint4 *)(dk + dk_rows.offset(kv_head, s) + col) = pack_elems8<Elem>(k_sum);
+    *(uint4 *)(dv + dv_rows.offset(kv_head, s) + col) = pack_elems8<Elem>(v_sum);
+}
+
 // The float dQ of the atomic build: BWD_WALK-row tiles per head, the last one padded.
 static size_t dq_accum_elems(const attn_shape *s) {
     return (size_t)s->batch * s->heads * ceil_div(s->seq, BWD_WALK) * BWD_WALK * s->dim;
@@ -837,6 +894,38 @@ static size_t dq_accum_elems(const attn_shape *s) {
 // as float4s): how many of the head's key blocks have added their dQ.
 static size_t dq_heads_done_count(const attn_shape *s) {
     return kEarlyDqConversion ? ((size_t)s->batch * s->heads + 3) / 4 * 4 : 0;
+}
+// Whether grouped K/V heads run as query heads of their own, with dK and dV shares (kExpandGroups).
+static bool expands_groups(const attn_shape *s) { return kExpandGroups && attn_group(s) > 1; }
+// Where the shares start in the scratch (after the float dQ and the counters, or after delta), and
+// their elements, each of dK's and dV's: [B, H, S_kv, D].
+static size_t group_shares_offset(const attn_shape *s) {
+    const size_t end = kAtomicDq ? dq_accum_offset(s) + sizeof(float) * dq_accum_elems(s) + sizeof(int) * dq_heads_done_count(s)
+                                 : delta_scratch_bytes(s);
+    return (end + 255) / 256 * 256;
+}
+static size_t group_shares_elems(const attn_shape *s) {
+    return expands_groups(s) ? (size_t)s->batch * s->heads * attn_kv_seq(s) * s->dim : 0;
+}
+
+// backward_dk_dv's build for this shape, chosen per launch: keys past S_kv to mask (KEYS_PAST_S;
+// with K/V lengths always, in one build), query heads walked in groups on a K/V head (GROUPED), or
+// as heads of their own with dK and dV shares (EXPANDED), and K/V lengths (KV_LENGTHS).
+template <typename Elem, int D>
+static auto dk_dv_kernel(const attn_shape *s) {
+    const bool kv_lengths = attn_kv_seq(s) != s->seq, keys_past_s = kv_lengths || attn_kv_seq(s) % BWD_OWN != 0;
+    const bool expanded = expands_groups(s), walked = attn_group(s) > 1 && !expanded;
+    if (kv_lengths)
+        return walked ? backward_dk_dv<Elem, D, kAtomicDq, true, true, true, false>
+                      : expanded ? backward_dk_dv<Elem, D, kAtomicDq, true, false, true, true>
+                                 : backward_dk_dv<Elem, D, kAtomicDq, true, false, true, false>;
+    if (keys_past_s)
+        return walked ? backward_dk_dv<Elem, D, kAtomicDq, true, true, false, false>
+                      : expanded ? backward_dk_dv<Elem, D, kAtomicDq, true, false, false, true>
+                                 : backward_dk_dv<Elem, D, kAtomicDq, true, false, false, false>;
+    return walked ? backward_dk_dv<Elem, D, kAtomicDq, false, true, false, false>
+                  : expanded ? backward_dk_dv<Elem, D, kAtomicDq, false, false, false, true>
+                             : backward_dk_dv<Elem, D, kAtomicDq, false, false, false, false>;
 }
 
 // The TMA maps of the whole tensors, each through its strides (attn_tensors): Q, K, V and dO in
@@ -887,23 +976,26 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     cudaError_t err =
         launch_backward_delta<Elem>(s, t, stream, dq_accum, kAtomicDq ? dq_accum_elems(s) + dq_heads_done_count(s) : 0);
     const size_t smem = BwdLayout<D>::bytes;
-    // Chosen per launch: keys past S_kv to mask (KEYS_PAST_S), and query heads grouped on a K/V head.
     const int S = s->seq, S_kv = attn_kv_seq(s);
-    // K/V lengths: one build, which masks keys past S_kv in every head's last key block.
-    const bool keys_past_s = S_kv % BWD_OWN != 0, grouped = attn_group(s) > 1, kv_lengths = S_kv != S;
-    const auto dk_dv = kv_lengths    ? (grouped ? backward_dk_dv<Elem, D, kAtomicDq, true, true, true>
-                                                : backward_dk_dv<Elem, D, kAtomicDq, true, false, true>)
-                       : keys_past_s ? (grouped ? backward_dk_dv<Elem, D, kAtomicDq, true, true, false>
-                                                : backward_dk_dv<Elem, D, kAtomicDq, true, false, false>)
-                                     : (grouped ? backward_dk_dv<Elem, D, kAtomicDq, false, true, false>
-                                                : backward_dk_dv<Elem, D, kAtomicDq, false, false, false>);
-    const auto dq_kernel = kv_lengths ? backward_dq<Elem, D, true> : backward_dq<Elem, D, false>;
+    const auto dk_dv = dk_dv_kernel<Elem, D>(s);
+    const auto dq_kernel = S_kv != S ? backward_dq<Elem, D, true> : backward_dq<Elem, D, false>;
     if (err == cudaSuccess) err = allow_dynamic_smem(dk_dv, smem);
     if (err == cudaSuccess && !kAtomicDq) err = allow_dynamic_smem(dq_kernel, smem);
     const float scale = 1.0f / sqrtf((float)D);
     const BwdRows rows = bwd_rows(s, t);
     BwdMaps maps;
     if (err == cudaSuccess) err = make_bwd_maps<Elem, D>(&maps, s, t, rows);
+    // Expanded groups: backward_dk_dv writes each query head's dK and dV shares, contiguous
+    // [B, H, S_kv, D] in the scratch, in place of dK and dV.
+    const bool expanded = expands_groups(s);
+    Elem *dk_out = (Elem *)t->dk, *dv_out = (Elem *)t->dv;
+    RowLayout dk_out_rows = rows.dk, dv_out_rows = rows.dv;
+    if (expanded) {
+        dk_out = (Elem *)((char *)t->backward_scratch + group_shares_offset(s)), dv_out = dk_out + group_shares_elems(s);
+        dk_out_rows = dv_out_rows = row_layout(attn_strides{0, 0, 0}, s->heads, S_kv, D);
+        if (err == cudaSuccess) err = make_tensor_map(&maps.dk, dk_out, s->dtype, dk_out_rows, s->batch, S_kv, D, 64);
+        if (err == cudaSuccess) err = make_tensor_map(&maps.dv, dv_out, s->dtype, dv_out_rows, s->batch, S_kv, D, 64);
+    }
     // After backward_delta, each kernel is a dependent launch (kDependentLaunch): its blocks set up
     // (barriers, the owned tiles' TMA loads) while the kernel before finishes, and wait for it
     // (grid_dependency_wait) only where they read what it wrote.
@@ -913,12 +1005,13 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
         return cudaGetLastError();
     };
     // In chunks of heads (head_chunk); the kernels number heads b * H + h from the chunk's first
-    // on: backward_dk_dv K/V heads (b * H_kv + h_kv), backward_dq query heads.
-    const int heads_per_kv = attn_group(s), kv_heads_total = s->batch * attn_kv_heads(s);
-    for (int first = 0; first < kv_heads_total && err == cudaSuccess;) {
-        const head_chunk c = head_chunk_from(first, kv_heads_total, ceil_div(S_kv, BWD_OWN));
+    // on: backward_dk_dv K/V heads (b * H_kv + h_kv; expanded groups: query heads), backward_dq
+    // query heads.
+    const int heads_per_kv = attn_group(s), dk_dv_heads = expanded ? heads_total : s->batch * attn_kv_heads(s);
+    for (int first = 0; first < dk_dv_heads && err == cudaSuccess;) {
+        const head_chunk c = head_chunk_from(first, dk_dv_heads, ceil_div(S_kv, BWD_OWN));
         err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2], maps.walk[3], maps.dk,
-                     maps.dv, lse, delta, (Elem *)t->dk, (Elem *)t->dv, rows.dk, rows.dv, dq_accum, dq_heads_done, first,
+                     maps.dv, lse, delta, dk_out, dv_out, dk_out_rows, dv_out_rows, dq_accum, dq_heads_done, first,
                      heads_per_kv, S, S_kv, scale, s->causal);
         first += c.count;
     }
@@ -931,14 +1024,18 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     if (err == cudaSuccess && kAtomicDq)
         err = launch(backward_dq_unpermute<Elem, D>, dim3(heads_total * ceil_div(S, BWD_WALK)), 256, 0,
                      (const float *)dq_accum, (const int *)dq_heads_done, (Elem *)t->dq, rows.dq, S, S_kv, scale);
+    if (err == cudaSuccess && expanded) {
+        const long long chunks = (long long)s->batch * attn_kv_heads(s) * S_kv * (D / 8);
+        err = launch(backward_sum_groups<Elem, D>, dim3((unsigned)((chunks + 255) / 256)), 256, 0, (const Elem *)dk_out,
+                     (const Elem *)dv_out, (Elem *)t->dk, (Elem *)t->dv, rows.dk, rows.dv, S_kv, heads_per_kv, chunks);
+    }
     return err;
 }
 
 // The backward's scratch: delta (kernel_common.cuh), then with atomic dQ the float dQ and the
-// heads' counters (kEarlyDqConversion).
+// heads' counters (kEarlyDqConversion), then with expanded groups dK's and dV's shares.
 size_t stage10_backward_scratch_bytes(const attn_shape *s) {
-    return kAtomicDq ? dq_accum_offset(s) + sizeof(float) * dq_accum_elems(s) + sizeof(int) * dq_heads_done_count(s)
-                     : delta_scratch_bytes(s);
+    return group_shares_offset(s) + 2 * ELEM_BYTES * group_shares_elems(s);
 }
 
 size_t stage10_backward_shared_bytes(const attn_shape *s) {
