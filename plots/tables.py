@@ -370,8 +370,9 @@ def ablation_table(csv_path, stage):
         table = [row(stage, seq, f"{stage} as built", "fwd")]
         if has_bwd:
             table.append(row(stage, seq, f"{stage} as built", "bwd"))
-        for b in listed["builds"]:
-            table += [row(f"{stage}.{b['name']}", seq, f"`.{b['name']}`", p, b["what"]) for p in b["passes"]]
+        for b in listed["builds"]:  # those this GPU's run timed (a build added later has no rows yet)
+            if any(k[0] == f"{stage}.{b['name']}" for k in tf):
+                table += [row(f"{stage}.{b['name']}", seq, f"`.{b['name']}`", p, b["what"]) for p in b["passes"]]
         if previous and (previous, seq, 64, 0, "fwd") in tf:
             table.append(row(previous, seq, f"{previous} as built (previous stage)", "fwd"))
         if peer:

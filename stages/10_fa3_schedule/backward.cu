@@ -33,12 +33,11 @@
 // warpgroup and setmaxnreg instead of a block-wide cp.async ring; P never leaves registers; dQ
 // added by bulk reductions from a writer thread instead of by each warp's atomics; dK and dV
 // written by TMA stores; every tensor read and written through its strides, as in the forward;
-// grouped K/V heads: a block owns a K/V head's keys and walks the query heads that read them one
-// after the other (BwdWalk), so dK and dV add up over the group in registers; K and V of another
-// length (S_kv; causal aligned bottom-right), in builds of their own (KV_LENGTHS).
-// Limits: Hopper only; with grouped heads a block's walk is the group's
-// heads long, so there are fewer, longer blocks (most felt with the causal mask); the walked tile
-// is 64 rows; a consumer waits for each tile's dV, dK and dQ products before the next tile's S
+// grouped K/V heads: each query head's blocks write its shares of dK and dV, which
+// backward_sum_groups adds over the group (kExpandGroups); K and V of another length (S_kv; causal
+// aligned bottom-right), in builds of their own (KV_LENGTHS).
+// Limits: Hopper only; with grouped heads the shares take scratch memory of H / H_kv times K and V,
+// written and read once; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and dQ products before the next tile's S
 // (queuing S behind them, kCrossTileOverlap, measured slower without atomics); at D = 128 one dQ
 // staging slot fits, so a tile's dQ waits until the previous one has been read.
 // backward_dk_dv is a skeleton over named steps: bwd_produce (the producer loop), write_dq (the dQ
