@@ -9,9 +9,13 @@
 // remains inside the loop, and each consumer warp runs ahead as far as the ring allows.
 // What changed from stage 07: the producer warp and the full/empty mbarrier pair per slot
 // (wrappers in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block
-// per SM instead of four warps and 2-3 blocks; a 3-slot ring at D = 64, 32-key tiles at D = 128
+// per SM instead of four warps and 2-3 blocks; 128-key tiles at D = 64, 32-key tiles at D = 128
 // (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the
-// workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's. The
+// workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's, with
+// the instructions around the MMAs cut as the backward cuts them: fragment addresses computed
+// once (kFixedAddresses), 2^x as ex2.approx alone, and waits that suspend the waiting warp on
+// sm_90 (kWaitSuspend), so that neither a polling producer nor a polling consumer takes issue
+// slots from the warps that compute. The
 // kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products' type and the roundings of
 // P and O differ. K and V may have fewer heads than Q (query head h reads K/V head h / group) and
 // another length, S_kv keys, with the mask aligned bottom-right (query i sees keys 0..i + S_kv - S).
@@ -43,13 +47,13 @@
 #define MIN_BLOCKS 1        // blocks per SM the register cap must allow
 #endif
 #ifndef KEY_TILE_D64
-#define KEY_TILE_D64 64     // keys per K/V tile
+#define KEY_TILE_D64 128    // keys per K/V tile: a tile's softmax work (row max, O rescaled) per 128 keys
 #endif
 #ifndef KEY_TILE_D128
 #define KEY_TILE_D128 32    // at D = 128, 224 rows of Q take 56 KB: 2 slots of 64 keys would not fit
 #endif
 #ifndef STAGES_D64
-#define STAGES_D64 3        // ring slots
+#define STAGES_D64 2        // ring slots: 2 of 128 keys (64 KB) fit beside Q's 28 KB
 #endif
 #ifndef STAGES_D128
 #define STAGES_D128 2
@@ -68,6 +72,27 @@ constexpr bool kCausalFromEnd = CAUSAL_FROM_END;
 #define SPLIT_PADDED_BLOCK 1
 #endif
 constexpr bool kSplitPaddedBlock = SPLIT_PADDED_BLOCK;
+// 2^x in the softmax as ex2.approx alone (1), or exp2f, with its range test and two multiplies (0).
+#ifndef SOFTMAX_EX2_APPROX
+#define SOFTMAX_EX2_APPROX 1
+#endif
+__device__ __forceinline__ float softmax_exp2(float x) { return SOFTMAX_EX2_APPROX ? exp2_approx(x) : exp2f(x); }
+// Waits on the ring's mbarriers: on sm_90 and newer by try_wait, which suspends a waiting warp so
+// that its polling leaves the issue slots to the warps that compute (1), or by polling (0).
+#ifndef WAIT_SUSPEND
+#define WAIT_SUSPEND 1
+#endif
+#if __CUDA_ARCH__ >= 900
+constexpr bool kWaitSuspend = WAIT_SUSPEND;
+#else
+constexpr bool kWaitSuspend = false;  // try_wait is sm_90's
+#endif
+// Each consumer lane's fragment addresses computed once, every fragment of a tile then one XOR
+// and one add away (swizzled_step) (1), or the swizzle's arithmetic for every fragment (0).
+#ifndef FIXED_ADDRESSES
+#define FIXED_ADDRESSES 1
+#endif
+constexpr bool kFixedAddresses = FIXED_ADDRESSES;
 #define ROW_TILES 2         // 16-row mma tiles per consumer warp, as in stage 07
 #define WARP_ROWS (16 * ROW_TILES)
 
@@ -77,17 +102,19 @@ template <int D> struct Config {
     static constexpr int BLOCK_ROWS = CONSUMERS * WARP_ROWS;
     static constexpr int THREADS = 32 * (CONSUMERS + 1);
     static constexpr int TILE = KEY_TILE * D;  // elements in one K or V tile
-    // 128 bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the 2-byte tiles.
-    static constexpr size_t bytes = 128 + ELEM_BYTES * (BLOCK_ROWS * D + 2 * STAGES * TILE);
-    static_assert(sizeof(uint64_t) * (2 * STAGES + 1) <= 128, "mbarriers overflow their 128 bytes");
+    // HEADER bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the 2-byte tiles, each
+    // at a multiple of its row pitch (ELEM_BYTES D, at most 256 bytes), as swizzled_step needs.
+    static constexpr int HEADER = 256;
+    static constexpr size_t bytes = HEADER + ELEM_BYTES * (BLOCK_ROWS * D + 2 * STAGES * TILE);
+    static_assert(sizeof(uint64_t) * (2 * STAGES + 1) <= HEADER, "mbarriers overflow their header");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
     // A split padded block's merge: each warp's partial result (fp32, lane-major) goes where Q and
     // the ring were, which are free once every consumer has left the loop; as many as fit.
     static constexpr int PART_FLOATS = 32 * (ROW_TILES * D / 2 + 4 * ROW_TILES);
-    static constexpr int MAX_PARTS = (int)((bytes - 128) / (sizeof(float) * PART_FLOATS));
+    static constexpr int MAX_PARTS = (int)((bytes - HEADER) / (sizeof(float) * PART_FLOATS));
 };
 
-// The block's shared memory, in Config's order: 128 bytes of mbarriers, then Q and the K/V ring.
+// The block's shared memory, in Config's order: the mbarriers' header, then Q and the K/V ring.
 template <typename Elem, int D> struct FwdSmem {
     uint64_t *full;   // [STAGES]: slot s holds a landed tile
     uint64_t *empty;  // [STAGES]: every consumer is done with slot s
@@ -98,7 +125,7 @@ template <typename Elem, int D> struct FwdSmem {
     __device__ explicit FwdSmem(unsigned char *smem) {
         using L = Config<D>;
         full = (uint64_t *)smem, empty = full + L::STAGES, q_full = empty + L::STAGES;
-        q_tile = (Elem *)(smem + 128), k_ring = q_tile + L::BLOCK_ROWS * D, v_ring = k_ring + L::STAGES * L::TILE;
+        q_tile = (Elem *)(smem + L::HEADER), k_ring = q_tile + L::BLOCK_ROWS * D, v_ring = k_ring + L::STAGES * L::TILE;
     }
 };
 
@@ -140,7 +167,7 @@ __device__ __forceinline__ void produce(const FwdSmem<Elem, D> &m, const Elem *q
     }
     cp_async_mbarrier_arrive(m.q_full);
     for (int tile = 0; tile < rows.n_tiles; tile++) {
-        const int slot = ring_wait_empty<STAGES>(m.empty, tile);
+        const int slot = ring_wait_empty<STAGES, kWaitSuspend>(m.empty, tile);
         const int k0 = tile * KEY_TILE;
         for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
             const int r = i / (D / 8), c = (i % (D / 8)) * 8;
@@ -169,10 +196,28 @@ template <int D> struct RowState {
     }
 };
 
-// S = Q Kᵀ for the warp's rows and one key tile, as stage 07.
+// The lane's address of a fragment `rows` rows and `cols` columns past the warp's first one in
+// its tile: from the first's address, computed once (`first`, kFixedAddresses), or from the
+// tile's start by the swizzle's arithmetic. A operands (Q), B operands of K's rows, and B operands
+// read transposed (V).
+template <int D, typename Elem>
+__device__ __forceinline__ uint32_t a_frag_at(uint32_t first, const Elem *tile, int row0, int rows, int cols, int lane) {
+    return kFixedAddresses ? swizzled_step<D>(first, rows, cols) : a_frag_address<D>(tile, row0 + rows, cols, lane);
+}
+template <int D, typename Elem>
+__device__ __forceinline__ uint32_t b_rows_at(uint32_t first, const Elem *tile, int rows, int cols, int lane) {
+    return kFixedAddresses ? swizzled_step<D>(first, rows, cols) : b_frags_of_rows_address<D>(tile, rows, cols, lane);
+}
+template <int D, typename Elem>
+__device__ __forceinline__ uint32_t b_trans_at(uint32_t first, const Elem *tile, int rows, int cols, int lane) {
+    return kFixedAddresses ? swizzled_step<D>(first, rows, cols) : b_frags_trans_address<D>(tile, rows, cols, lane);
+}
+
+// S = Q Kᵀ for the warp's rows and one key tile, as stage 07. q_a and k_b: the lane's addresses
+// of the warp's first Q fragment and of the tile's first K fragment.
 template <typename Elem, int D, int KEY_TILE>
-__device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], const Elem *q_tile,
-                                            const Elem *k_tile, int warp_row0, int lane) {
+__device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], const Elem *q_tile, uint32_t q_a,
+                                            const Elem *k_tile, uint32_t k_b, int warp_row0, int lane) {
 #pragma unroll
     for (int m = 0; m < ROW_TILES; m++)
 #pragma unroll
@@ -181,11 +226,11 @@ __device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE /
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t q_frag[ROW_TILES][4];
 #pragma unroll
-        for (int m = 0; m < ROW_TILES; m++) load_a_frag<D>(q_frag[m], q_tile, warp_row0 + 16 * m, kk * 16, lane);
+        for (int m = 0; m < ROW_TILES; m++) ldmatrix_x4_at(q_frag[m], a_frag_at<D>(q_a, q_tile, warp_row0, 16 * m, kk * 16, lane));
 #pragma unroll
         for (int n = 0; n < KEY_TILE / 16; n++) {
             uint32_t b[4];
-            load_b_frags_of_rows<D>(b, k_tile, n * 16, kk * 16, lane);
+            ldmatrix_x4_at(b, b_rows_at<D>(k_b, k_tile, n * 16, kk * 16, lane));
 #pragma unroll
             for (int m = 0; m < ROW_TILES; m++) {
                 mma_m16n8k16<Elem>(s_acc[m][2 * n], q_frag[m], b[0], b[1]);
@@ -231,14 +276,14 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[ROW_TILES][KEY_TILE 
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
             const float new_max = fmaxf(st.row_max[m][r], tile_max * scale_log2);
-            const float alpha = exp2f(st.row_max[m][r] - new_max);
+            const float alpha = softmax_exp2(st.row_max[m][r] - new_max);
             st.row_max[m][r] = new_max;
             float tile_sum = 0.0f;
 #pragma unroll
             for (int n = 0; n < KEY_TILE / 8; n++)
 #pragma unroll
                 for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    s_acc[m][n][e] = exp2f(s_acc[m][n][e] * scale_log2 - new_max);
+                    s_acc[m][n][e] = softmax_exp2(s_acc[m][n][e] * scale_log2 - new_max);
                     tile_sum += s_acc[m][n][e];
                 }
             st.row_sum[m][r] = st.row_sum[m][r] * alpha + tile_sum;
@@ -251,7 +296,7 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[ROW_TILES][KEY_TILE 
 template <typename Elem, int D, int KEY_TILE>
 __device__ __forceinline__ void accumulate_pv(float (&o_acc)[ROW_TILES][D / 8][4],
                                               const float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], const Elem *v_tile,
-                                              int lane) {
+                                              uint32_t v_b, int lane) {
 #pragma unroll
     for (int kk = 0; kk < KEY_TILE / 16; kk++) {
         uint32_t p_frag[ROW_TILES][4];
@@ -265,7 +310,7 @@ __device__ __forceinline__ void accumulate_pv(float (&o_acc)[ROW_TILES][D / 8][4
 #pragma unroll
         for (int n = 0; n < D / 16; n++) {
             uint32_t b[4];
-            load_b_frags_trans<D>(b, v_tile, kk * 16, n * 16, lane);
+            ldmatrix_x4_trans_at(b, b_trans_at<D>(v_b, v_tile, kk * 16, n * 16, lane));
 #pragma unroll
             for (int m = 0; m < ROW_TILES; m++) {
                 mma_m16n8k16<Elem>(o_acc[m][2 * n], p_frag[m], b[0], b[1]);
@@ -305,7 +350,7 @@ template <int D>
 __device__ __forceinline__ void merge_shares(RowState<D> &st, const WarpShare &w, unsigned char *smem, int warp,
                                              int lane) {
     using L = Config<D>;
-    float *parts = (float *)(smem + 128);  // [(share - 1) * working + row group][PART_FLOATS]
+    float *parts = (float *)(smem + L::HEADER);  // [(share - 1) * working + row group][PART_FLOATS]
     auto part_of = [&](int s) { return parts + ((s - 1) * w.working + warp % w.working) * L::PART_FLOATS + lane; };
     named_barrier_sync(1, 32 * CONSUMERS);
     if (w.has_rows && w.share > 0) {
@@ -382,7 +427,7 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
                          int group, int first_head, float scale, int causal) {
     using L = Config<D>;
     constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     const FwdSmem<Elem, D> m(smem);
     // Query head head_index reads K/V head head_index / group (grouped-query attention).
     const int head_index = first_head + blockIdx.z * gridDim.y + blockIdx.y;
@@ -410,18 +455,23 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
     const int first_query = rows.q0 + w.warp_row0, first_last_key = first_query + S_kv - S;
     const float scale_log2 = scale * 1.4426950408889634f;
     RowState<D> st;
-    mbarrier_wait(m.q_full, 0);
+    // The lane's fragment addresses: Q's first, and K's and V's first in slot 0 (a slot is TILE
+    // elements further).
+    const uint32_t q_a = a_frag_address<D>(m.q_tile, w.warp_row0, 0, lane);
+    const uint32_t k_b = b_frags_of_rows_address<D>(m.k_ring, 0, 0, lane), v_b = b_frags_trans_address<D>(m.v_ring, 0, 0, lane);
+    mbarrier_wait<kWaitSuspend>(m.q_full, 0);
     for (int tile = 0, my_next = w.share; tile < rows.n_tiles; tile++) {
-        const int slot = ring_wait_full<STAGES>(m.full, tile);
+        const int slot = ring_wait_full<STAGES, kWaitSuspend>(m.full, tile);
         const int k0 = tile * KEY_TILE;
         const bool mine = tile == my_next;  // this warp's share of the key tiles (all when not split)
         if (mine) my_next += w.splits;
         if (w.has_rows && mine && (!causal || k0 <= first_last_key + WARP_ROWS - 1)) {
             float s_acc[ROW_TILES][KEY_TILE / 8][4];
-            tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, m.k_ring + slot * L::TILE, w.warp_row0, lane);
+            const uint32_t slot_bytes = slot * L::TILE * ELEM_BYTES;
+            tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, q_a, m.k_ring + slot * L::TILE, k_b + slot_bytes, w.warp_row0, lane);
             mask_scores<KEY_TILE>(s_acc, k0, first_last_key, S_kv, causal, g, t);
             softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
-            accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, lane);
+            accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, v_b + slot_bytes, lane);
         }
         // Done reading the slot. Every thread arrives (its arrival releases its own reads), so
         // the slot is refilled only after each consumer thread has finished with it.
