@@ -87,13 +87,6 @@ constexpr bool kWaitSuspend = WAIT_SUSPEND;
 #else
 constexpr bool kWaitSuspend = false;  // try_wait is sm_90's
 #endif
-// O rescaled only where it must be (1): after the first tile most tiles raise no row's max, so
-// the factor is exactly 1, and a warp whose 8 rows of one (m, r) kept their maxima skips the
-// D / 4 multiplies of that row's O (the vote makes the branch warp-uniform); or always (0).
-#ifndef RESCALE_ON_GROWTH
-#define RESCALE_ON_GROWTH 1
-#endif
-constexpr bool kRescaleOnGrowth = RESCALE_ON_GROWTH;
 // Each consumer lane's fragment addresses computed once, every fragment of a tile then one XOR
 // and one add away (swizzled_step) (1), or the swizzle's arithmetic for every fragment (0).
 #ifndef FIXED_ADDRESSES
@@ -268,8 +261,7 @@ __device__ __forceinline__ void mask_scores(float (&s_acc)[ROW_TILES][KEY_TILE /
 }
 
 // The online softmax on the thread's rows (the 4 lanes of a quad share a row): S becomes P in
-// place, and O and the row sums are rescaled to the new row max (O only where a max grew,
-// kRescaleOnGrowth).
+// place, and O and the row sums are rescaled to the new row max.
 template <int D, int KEY_TILE>
 __device__ __forceinline__ void softmax_step(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], RowState<D> &st,
                                              float scale_log2) {
@@ -284,10 +276,7 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[ROW_TILES][KEY_TILE 
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
             const float new_max = fmaxf(st.row_max[m][r], tile_max * scale_log2);
-            // The factor is exactly 1 where no row of the warp's 8 in this (m, r) has a new max.
-            const bool grew = new_max > st.row_max[m][r];
-            const bool any_grew = kRescaleOnGrowth ? __any_sync(0xffffffffu, grew) : true;
-            const float alpha = grew ? softmax_exp2(st.row_max[m][r] - new_max) : 1.0f;
+            const float alpha = softmax_exp2(st.row_max[m][r] - new_max);
             st.row_max[m][r] = new_max;
             float tile_sum = 0.0f;
 #pragma unroll
@@ -298,9 +287,8 @@ __device__ __forceinline__ void softmax_step(float (&s_acc)[ROW_TILES][KEY_TILE 
                     tile_sum += s_acc[m][n][e];
                 }
             st.row_sum[m][r] = st.row_sum[m][r] * alpha + tile_sum;
-            if (any_grew)  // warp-uniform: a multiply by 1 is skipped, which changes no bit
 #pragma unroll
-                for (int j = 0; j < D / 8; j++) st.o_acc[m][j][2 * r] *= alpha, st.o_acc[m][j][2 * r + 1] *= alpha;
+            for (int j = 0; j < D / 8; j++) st.o_acc[m][j][2 * r] *= alpha, st.o_acc[m][j][2 * r + 1] *= alpha;
         }
 }
 
