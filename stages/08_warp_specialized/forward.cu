@@ -7,18 +7,18 @@
 // full[s] as they land (cp.async.mbarrier.arrive); a consumer warp waits on full[s], computes, and
 // arrives on empty[s]; the producer waits on empty[s] before refilling it. No block-wide barrier
 // remains inside the loop, and each consumer warp runs ahead as far as the ring allows.
-// What changed from stage 07: the producer warp and the full/empty mbarrier pair per slot
-// (wrappers in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block
-// per SM instead of four warps and 2-3 blocks; 128-key tiles at D = 64, 32-key tiles at D = 128
-// (for shared memory); the forward also writes each row's log-sum-exp (log2 units) to the
-// workspace, which the backward pass (backward.cu) reads. The consumers' math is stage 07's, with
-// the instructions around the MMAs cut as the backward cuts them: fragment addresses computed
-// once (kFixedAddresses), 2^x as ex2.approx alone, and waits that suspend the waiting warp on
-// sm_90 (kWaitSuspend), so that neither a polling producer nor a polling consumer takes issue
-// slots from the warps that compute. The
-// kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products' type and the roundings of
-// P and O differ. K and V may have fewer heads than Q (query head h reads K/V head h / group) and
-// another length, S_kv keys, with the mask aligned bottom-right (query i sees keys 0..i + S_kv - S).
+// What changed from stage 07: the producer warp and the full/empty mbarrier pair per slot (wrappers
+// in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block per SM
+// instead of four warps and 2-3 blocks; 128-key tiles at D = 64, 32-key tiles at D = 128 (for
+// shared memory); the forward also writes each row's log-sum-exp (log2 units) to the workspace,
+// which the backward pass (backward.cu) reads. The consumers' math is stage 07's, with the
+// instructions around the MMAs cut as the backward cuts them: fragment addresses computed once
+// (kFixedAddresses), 2^x as ex2.approx alone, and waits that suspend the waiting warp on sm_90
+// (kWaitSuspend), so that neither a polling producer nor a polling consumer takes issue slots from
+// the warps that compute. The kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products'
+// type and the roundings of P and O differ. K and V may have fewer heads than Q (query head h reads
+// K/V head h / group) and another length, S_kv keys, with the mask aligned bottom-right (query i
+// sees keys 0..i + S_kv - S).
 // The steps of warp_specialized_forward: produce (the producer warp), then per key
 // tile tile_scores, mask_scores, softmax_step and accumulate_pv (the consumers), and merge_shares
 // and store_rows at the end.
@@ -201,7 +201,8 @@ template <int D> struct RowState {
 // tile's start by the swizzle's arithmetic. A operands (Q), B operands of K's rows, and B operands
 // read transposed (V).
 template <int D, typename Elem>
-__device__ __forceinline__ uint32_t a_frag_at(uint32_t first, const Elem *tile, int row0, int rows, int cols, int lane) {
+__device__ __forceinline__ uint32_t a_frag_at(uint32_t first, const Elem *tile, int row0, int rows, int cols,
+                                               int lane) {
     return kFixedAddresses ? swizzled_step<D>(first, rows, cols) : a_frag_address<D>(tile, row0 + rows, cols, lane);
 }
 template <int D, typename Elem>
@@ -216,8 +217,8 @@ __device__ __forceinline__ uint32_t b_trans_at(uint32_t first, const Elem *tile,
 // S = Q Kᵀ for the warp's rows and one key tile, as stage 07. q_a and k_b: the lane's addresses
 // of the warp's first Q fragment and of the tile's first K fragment.
 template <typename Elem, int D, int KEY_TILE>
-__device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], const Elem *q_tile, uint32_t q_a,
-                                            const Elem *k_tile, uint32_t k_b, int warp_row0, int lane) {
+__device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE / 8][4], const Elem *q_tile,
+                                            uint32_t q_a, const Elem *k_tile, uint32_t k_b, int warp_row0, int lane) {
 #pragma unroll
     for (int m = 0; m < ROW_TILES; m++)
 #pragma unroll
@@ -226,7 +227,8 @@ __device__ __forceinline__ void tile_scores(float (&s_acc)[ROW_TILES][KEY_TILE /
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t q_frag[ROW_TILES][4];
 #pragma unroll
-        for (int m = 0; m < ROW_TILES; m++) ldmatrix_x4_at(q_frag[m], a_frag_at<D>(q_a, q_tile, warp_row0, 16 * m, kk * 16, lane));
+        for (int m = 0; m < ROW_TILES; m++)
+            ldmatrix_x4_at(q_frag[m], a_frag_at<D>(q_a, q_tile, warp_row0, 16 * m, kk * 16, lane));
 #pragma unroll
         for (int n = 0; n < KEY_TILE / 16; n++) {
             uint32_t b[4];
@@ -458,7 +460,8 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
     // The lane's fragment addresses: Q's first, and K's and V's first in slot 0 (a slot is TILE
     // elements further).
     const uint32_t q_a = a_frag_address<D>(m.q_tile, w.warp_row0, 0, lane);
-    const uint32_t k_b = b_frags_of_rows_address<D>(m.k_ring, 0, 0, lane), v_b = b_frags_trans_address<D>(m.v_ring, 0, 0, lane);
+    const uint32_t k_b = b_frags_of_rows_address<D>(m.k_ring, 0, 0, lane);
+    const uint32_t v_b = b_frags_trans_address<D>(m.v_ring, 0, 0, lane);
     mbarrier_wait<kWaitSuspend>(m.q_full, 0);
     for (int tile = 0, my_next = w.share; tile < rows.n_tiles; tile++) {
         const int slot = ring_wait_full<STAGES, kWaitSuspend>(m.full, tile);
@@ -468,7 +471,8 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
         if (w.has_rows && mine && (!causal || k0 <= first_last_key + WARP_ROWS - 1)) {
             float s_acc[ROW_TILES][KEY_TILE / 8][4];
             const uint32_t slot_bytes = slot * L::TILE * ELEM_BYTES;
-            tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, q_a, m.k_ring + slot * L::TILE, k_b + slot_bytes, w.warp_row0, lane);
+            tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, q_a, m.k_ring + slot * L::TILE, k_b + slot_bytes, w.warp_row0,
+                                           lane);
             mask_scores<KEY_TILE>(s_acc, k0, first_last_key, S_kv, causal, g, t);
             softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
             accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, v_b + slot_bytes, lane);
