@@ -37,9 +37,10 @@
 // backward_sum_groups adds over the group (kExpandGroups); K and V of another length (S_kv; causal
 // aligned bottom-right), in builds of their own (KV_LENGTHS).
 // Limits: Hopper only; with grouped heads the shares take scratch memory of H / H_kv times K and V,
-// written and read once; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and dQ products before the next tile's S
-// (queuing S behind them, kCrossTileOverlap, measured slower without atomics); at D = 128 one dQ
-// staging slot fits, so a tile's dQ waits until the previous one has been read.
+// written and read once; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and
+// dQ products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
+// without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the previous
+// one has been read.
 // backward_dk_dv is a skeleton over named steps: bwd_produce (the producer loop), write_dq (the dQ
 // writer thread) and dk_dv_consumer (the consumer loop), which per walked tile calls
 // pt_and_dst_frags (Pᵀ and dSᵀ, through probabilities_t and ds_t), issue_tile_products (dQ, dV
@@ -910,21 +911,36 @@ static size_t group_shares_elems(const attn_shape *s) {
 // backward_dk_dv's build for this shape, chosen per launch: keys past S_kv to mask (KEYS_PAST_S;
 // with K/V lengths always, in one build), query heads walked in groups on a K/V head (GROUPED), or
 // as heads of their own with dK and dV shares (EXPANDED), and K/V lengths (KV_LENGTHS).
+template <typename Elem, int D, bool KEYS_PAST_S, bool KV_LENGTHS>
+static auto dk_dv_kernel_of_groups(const attn_shape *s) {
+    const bool expanded = expands_groups(s), walked = attn_group(s) > 1 && !expanded;
+    return walked     ? backward_dk_dv<Elem, D, kAtomicDq, KEYS_PAST_S, true, KV_LENGTHS, false>
+           : expanded ? backward_dk_dv<Elem, D, kAtomicDq, KEYS_PAST_S, false, KV_LENGTHS, true>
+                      : backward_dk_dv<Elem, D, kAtomicDq, KEYS_PAST_S, false, KV_LENGTHS, false>;
+}
 template <typename Elem, int D>
 static auto dk_dv_kernel(const attn_shape *s) {
     const bool kv_lengths = attn_kv_seq(s) != s->seq, keys_past_s = kv_lengths || attn_kv_seq(s) % BWD_OWN != 0;
-    const bool expanded = expands_groups(s), walked = attn_group(s) > 1 && !expanded;
-    if (kv_lengths)
-        return walked ? backward_dk_dv<Elem, D, kAtomicDq, true, true, true, false>
-                      : expanded ? backward_dk_dv<Elem, D, kAtomicDq, true, false, true, true>
-                                 : backward_dk_dv<Elem, D, kAtomicDq, true, false, true, false>;
-    if (keys_past_s)
-        return walked ? backward_dk_dv<Elem, D, kAtomicDq, true, true, false, false>
-                      : expanded ? backward_dk_dv<Elem, D, kAtomicDq, true, false, false, true>
-                                 : backward_dk_dv<Elem, D, kAtomicDq, true, false, false, false>;
-    return walked ? backward_dk_dv<Elem, D, kAtomicDq, false, true, false, false>
-                  : expanded ? backward_dk_dv<Elem, D, kAtomicDq, false, false, false, true>
-                             : backward_dk_dv<Elem, D, kAtomicDq, false, false, false, false>;
+    return kv_lengths    ? dk_dv_kernel_of_groups<Elem, D, true, true>(s)
+           : keys_past_s ? dk_dv_kernel_of_groups<Elem, D, true, false>(s)
+                         : dk_dv_kernel_of_groups<Elem, D, false, false>(s);
+}
+
+// Where backward_dk_dv writes dK and dV: the outputs, through their strides; or with expanded
+// groups each query head's shares, contiguous [B, H, S_kv, D] in the scratch, which
+// backward_sum_groups then adds into the outputs.
+template <typename Elem>
+struct DkDvOut {
+    Elem *dk, *dv;
+    RowLayout dk_rows, dv_rows;
+};
+template <typename Elem>
+static DkDvOut<Elem> dk_dv_out(const attn_shape *s, const attn_tensors *t, const RowLayout &dk_rows,
+                               const RowLayout &dv_rows) {
+    if (!expands_groups(s)) return {(Elem *)t->dk, (Elem *)t->dv, dk_rows, dv_rows};
+    Elem *shares = (Elem *)((char *)t->backward_scratch + group_shares_offset(s));
+    const RowLayout share_rows = row_layout(attn_strides{0, 0, 0}, s->heads, attn_kv_seq(s), s->dim);
+    return {shares, shares + group_shares_elems(s), share_rows, share_rows};
 }
 
 // The TMA maps of the whole tensors, each through its strides (attn_tensors): Q, K, V and dO in
@@ -950,7 +966,8 @@ static BwdRows bwd_rows(const attn_shape *s, const attn_tensors *t) {
 }
 
 template <typename Elem, int D>
-static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_tensors *t, const BwdRows &rows) {
+static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_tensors *t, const BwdRows &rows,
+                                 const DkDvOut<Elem> &out) {
     const void *tensors[4] = {t->q, t->k, t->v, t->d_o};
     const RowLayout layouts[4] = {rows.q, rows.k, rows.v, rows.d_o};
     const int B = s->batch, S = s->seq, S_kv = attn_kv_seq(s), lengths[4] = {S, S_kv, S_kv, S};
@@ -960,8 +977,8 @@ static cudaError_t make_bwd_maps(BwdMaps *maps, const attn_shape *s, const attn_
         if (err == cudaSuccess)
             err = make_tensor_map(&maps->walk[i], tensors[i], s->dtype, layouts[i], B, lengths[i], D, BWD_WALK);
     }
-    if (err == cudaSuccess) err = make_tensor_map(&maps->dk, t->dk, s->dtype, rows.dk, B, S_kv, D, 64);
-    if (err == cudaSuccess) err = make_tensor_map(&maps->dv, t->dv, s->dtype, rows.dv, B, S_kv, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map(&maps->dk, out.dk, s->dtype, out.dk_rows, B, S_kv, D, 64);
+    if (err == cudaSuccess) err = make_tensor_map(&maps->dv, out.dv, s->dtype, out.dv_rows, B, S_kv, D, 64);
     return err;
 }
 
@@ -983,18 +1000,9 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     const float scale = 1.0f / sqrtf((float)D);
     const BwdRows rows = bwd_rows(s, t);
     BwdMaps maps;
-    if (err == cudaSuccess) err = make_bwd_maps<Elem, D>(&maps, s, t, rows);
-    // Expanded groups: backward_dk_dv writes each query head's dK and dV shares, contiguous
-    // [B, H, S_kv, D] in the scratch, in place of dK and dV.
     const bool expanded = expands_groups(s);
-    Elem *dk_out = (Elem *)t->dk, *dv_out = (Elem *)t->dv;
-    RowLayout dk_out_rows = rows.dk, dv_out_rows = rows.dv;
-    if (expanded) {
-        dk_out = (Elem *)((char *)t->backward_scratch + group_shares_offset(s)), dv_out = dk_out + group_shares_elems(s);
-        dk_out_rows = dv_out_rows = row_layout(attn_strides{0, 0, 0}, s->heads, S_kv, D);
-        if (err == cudaSuccess) err = make_tensor_map(&maps.dk, dk_out, s->dtype, dk_out_rows, s->batch, S_kv, D, 64);
-        if (err == cudaSuccess) err = make_tensor_map(&maps.dv, dv_out, s->dtype, dv_out_rows, s->batch, S_kv, D, 64);
-    }
+    const DkDvOut<Elem> out = dk_dv_out<Elem>(s, t, rows.dk, rows.dv);
+    if (err == cudaSuccess) err = make_bwd_maps<Elem, D>(&maps, s, t, rows, out);
     // After backward_delta, each kernel is a dependent launch (kDependentLaunch): its blocks set up
     // (barriers, the owned tiles' TMA loads) while the kernel before finishes, and wait for it
     // (grid_dependency_wait) only where they read what it wrote.
@@ -1010,7 +1018,7 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
     for (int first = 0; first < dk_dv_heads && err == cudaSuccess;) {
         const head_chunk c = head_chunk_from(first, dk_dv_heads, ceil_div(S_kv, BWD_OWN));
         err = launch(dk_dv, c.grid, BWD_THREADS, smem, maps.walk[0], maps.own[1], maps.own[2], maps.walk[3], maps.dk,
-                     maps.dv, lse, delta, dk_out, dv_out, dk_out_rows, dv_out_rows, dq_accum, dq_heads_done, first,
+                     maps.dv, lse, delta, out.dk, out.dv, out.dk_rows, out.dv_rows, dq_accum, dq_heads_done, first,
                      heads_per_kv, S, S_kv, scale, s->causal);
         first += c.count;
     }
@@ -1025,8 +1033,8 @@ static cudaError_t launch_backward(const attn_shape *s, const attn_tensors *t, c
                      (const float *)dq_accum, (const int *)dq_heads_done, (Elem *)t->dq, rows.dq, S, S_kv, scale);
     if (err == cudaSuccess && expanded) {
         const long long chunks = (long long)s->batch * attn_kv_heads(s) * S_kv * (D / 8);
-        err = launch(backward_sum_groups<Elem, D>, dim3((unsigned)((chunks + 255) / 256)), 256, 0, (const Elem *)dk_out,
-                     (const Elem *)dv_out, (Elem *)t->dk, (Elem *)t->dv, rows.dk, rows.dv, S_kv, heads_per_kv, chunks);
+        err = launch(backward_sum_groups<Elem, D>, dim3((unsigned)((chunks + 255) / 256)), 256, 0, (const Elem *)out.dk,
+                     (const Elem *)out.dv, (Elem *)t->dk, (Elem *)t->dv, rows.dk, rows.dv, S_kv, heads_per_kv, chunks);
     }
     return err;
 }
