@@ -60,6 +60,13 @@ constexpr bool kAtomicDq = ATOMIC_DQ;
 constexpr bool kEx2Approx = EX2_APPROX;
 constexpr int kCopyThreads = FIXED_COPIES ? 256 : 0;  // backward_dk_dv's block size, or 0
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
+// backward_dk_dv's walked query tile at D = 128: 64 rows in a ring of one slot, the next tile's Q
+// and dO copied once every warp is done with dK and dV, under dQ's product (1); or 32 rows in a
+// ring of two slots (0). 101,376 bytes hold either; the taller tile halves the block barriers per
+// product and lets four warps, not eight, share each Q and dO fragment load.
+#ifndef TALL_WALK_D128
+#define TALL_WALK_D128 1
+#endif
 #define BWD_WARPS 4
 #define BWD_THREADS (32 * BWD_WARPS)
 // backward_dq: 16-row mma tiles per warp, as stage 07's ROW_TILES: with two, every fragment of
@@ -85,19 +92,20 @@ template <int D> struct DkDvConfig {
     static constexpr int WARPS = 8, THREADS = 32 * WARPS;
     static_assert(kCopyThreads == 0 || kCopyThreads == THREADS, "cp_async_tile's THREADS is the block size");
     static constexpr int OWN = 128;        // keys per block
-    static constexpr int WALK = 4096 / D;  // queries per walked tile: 64 at D = 64, 32 at D = 128
+    static constexpr int WALK = D == 64 || TALL_WALK_D128 ? 64 : 32;  // queries per walked tile
+    static constexpr int SLOTS = D == 128 && TALL_WALK_D128 ? 1 : 2;   // the ring's slots
     // Warp tiles, 32 rows each. S and dP [WALK x OWN], and dQ [WALK x D], as ROW_GROUPS x
     // COL_GROUPS warps of 32 x SDP_COLS keys and 32 x DQ_COLS; dK and dV [OWN x D] as 4 x 2 warps
     // of 32 keys x KV_COLS.
     static constexpr int ROW_GROUPS = WALK / 32, COL_GROUPS = WARPS / ROW_GROUPS;
     static constexpr int SDP_COLS = OWN / COL_GROUPS, DQ_COLS = D / COL_GROUPS, KV_COLS = D / 2;
-    static_assert(OWN == 4 * 32 && DQ_COLS == 16, "the warp tiles cover the products");
+    static_assert(OWN == 4 * 32 && ROW_GROUPS * COL_GROUPS == WARPS && DQ_COLS % 16 == 0, "the warp tiles cover the products");
     static constexpr size_t SLOT = ELEM_BYTES * 2 * WALK * D + sizeof(float) * 2 * WALK;
     static constexpr int P_BYTES = ELEM_BYTES * WALK * OWN;  // P's tile; dS's follows
-    static constexpr size_t bytes = ELEM_BYTES * OWN * D + 2 * SLOT + 2 * P_BYTES;
+    static constexpr size_t bytes = ELEM_BYTES * OWN * D + SLOTS * SLOT + 2 * P_BYTES;
     // Every tile starts at a multiple of its row pitch, as swizzled_step needs.
     static_assert((ELEM_BYTES * OWN * D) % 256 == 0 && SLOT % 256 == 0 && P_BYTES % 256 == 0, "tile alignment");
-    static_assert(2 * SLOT >= ELEM_BYTES * OWN * D, "V is staged through the ring");
+    static_assert(SLOTS * SLOT >= ELEM_BYTES * OWN * D, "V is staged through the ring");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
 };
 template <int D> struct DqConfig {
@@ -290,7 +298,7 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
     extern __shared__ __align__(1024) unsigned char smem[];
     Elem *k_tile = (Elem *)smem;                            // [OWN][D]
     unsigned char *ring = (unsigned char *)(k_tile + OWN * D);  // [2][Q tile, dO tile, lse, delta]
-    Elem *p_tile = (Elem *)(ring + 2 * L::SLOT);            // [QT][OWN]: P, queries as rows
+    Elem *p_tile = (Elem *)(ring + L::SLOTS * L::SLOT);     // [QT][OWN]: P, queries as rows
     Elem *ds_tile = p_tile + QT * OWN;                        // [QT][OWN]: dS
 
     const int kv_index = first_kv_head + blockIdx.z * gridDim.y + blockIdx.y;
@@ -345,20 +353,25 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
     zero<2, KV_NT>(dv_acc);
 
     for (int w = 0; w < n_walks; w++) {
+        // The next walked tile's copies into `slot_index`, committed as one group (empty at the end).
+        auto load_next = [&](int slot_index) {
+            if (w + 1 < n_walks) {
+                const size_t next = q_head_of(w + 1);
+                load_query_tile<D, QT, kCopyThreads>(ring + slot_index * L::SLOT, q + next * D, d_o + next * D,
+                                                     lse_log2 + next, delta + next, first_tile + (w + 1) % tiles, S);
+            }
+            cp_async_commit();
+        };
         // One barrier makes this tile's copies visible to every warp and tells that every warp is
-        // done with the previous tile: its slot, P and dS. The next tile's copies then go into
-        // that slot and land while this one is computed.
+        // done with the previous tile: its slot, P and dS. With two slots the next tile's copies
+        // then go into the other slot and land while this one is computed; with one, once every
+        // warp is done with this tile's Q and dO (after dK), under dQ's product.
         cp_async_wait<0>();
         __syncthreads();
-        if (w + 1 < n_walks) {
-            const size_t next = q_head_of(w + 1);
-            load_query_tile<D, QT, kCopyThreads>(ring + ((w + 1) % 2) * L::SLOT, q + next * D, d_o + next * D,
-                                                 lse_log2 + next, delta + next, first_tile + (w + 1) % tiles, S);
-        }
-        cp_async_commit();
+        if (L::SLOTS == 2) load_next((w + 1) % 2);
         const int tile = first_tile + w % tiles;
         const size_t head = q_head_of(w) * D;  // the query head's Q, dO and dQ
-        const uint32_t slot_offset = (w % 2) * L::SLOT;
+        const uint32_t slot_offset = (w % L::SLOTS) * L::SLOT;
         unsigned char *slot = ring + slot_offset;
         const Elem *do_tile = (const Elem *)slot + QT * D;
         const float *lse_tile = (const float *)(do_tile + QT * D), *delta_tile = lse_tile + QT;
@@ -393,6 +406,10 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
         // dV += Pᵀ dO and dK += dSᵀ Q for this warp's 32 keys x KV_COLS columns.
         warp_ab<Elem, QT, 2, KV_NT, OWN, D, true>(dv_acc, p_at, do_bt + slot_offset);
         warp_ab<Elem, QT, 2, KV_NT, OWN, D, true>(dk_acc, ds_at, q_bt + slot_offset);
+        if (L::SLOTS == 1) {
+            __syncthreads();  // every warp is done with the slot's Q and dO
+            load_next(0);
+        }
         if constexpr (ATOMIC) {
             // dQ += dS K for this warp's 32 queries x DQ_COLS columns, added to the float sums.
             float dq_acc[2][DQ_NT][4];

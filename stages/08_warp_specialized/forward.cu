@@ -9,16 +9,16 @@
 // remains inside the loop, and each consumer warp runs ahead as far as the ring allows.
 // What changed from stage 07: the producer warp and the full/empty mbarrier pair per slot (wrappers
 // in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block per SM
-// instead of four warps and 2-3 blocks; 128-key tiles at D = 64, 32-key tiles at D = 128 (for
-// shared memory); the forward also writes each row's log-sum-exp (log2 units) to the workspace,
-// which the backward pass (backward.cu) reads. The consumers' math is stage 07's, with the
-// instructions around the MMAs cut as the backward cuts them: fragment addresses computed once
-// (kFixedAddresses), 2^x as ex2.approx alone, and waits that suspend the waiting warp on sm_90
-// (kWaitSuspend), so that neither a polling producer nor a polling consumer takes issue slots from
-// the warps that compute. The kernels take fp16 or bf16 (Elem, common/elem.cuh): only the products'
-// type and the roundings of P and O differ. K and V may have fewer heads than Q (query head h reads
-// K/V head h / group) and another length, S_kv keys, with the mask aligned bottom-right (query i
-// sees keys 0..i + S_kv - S).
+// instead of four warps and 2-3 blocks; 128-key tiles at D = 64, and at D = 128 one slot of 64-key
+// tiles whose K and V are released apart (SPLIT_KV, for shared memory); the forward also writes
+// each row's log-sum-exp (log2 units) to the workspace, which the backward pass (backward.cu)
+// reads. The consumers' math is stage 07's, with the instructions around the MMAs cut as the
+// backward cuts them: fragment addresses computed once (kFixedAddresses), 2^x as ex2.approx alone,
+// and waits that suspend the waiting warp on sm_90 (kWaitSuspend), so that neither a polling
+// producer nor a polling consumer takes issue slots from the warps that compute. The kernels take
+// fp16 or bf16 (Elem, common/elem.cuh): only the products' type and the roundings of P and O
+// differ. K and V may have fewer heads than Q (query head h reads K/V head h / group) and another
+// length, S_kv keys, with the mask aligned bottom-right (query i sees keys 0..i + S_kv - S).
 // The steps of warp_specialized_forward: produce (the producer warp), then per key
 // tile tile_scores, mask_scores, softmax_step and accumulate_pv (the consumers), and merge_shares
 // and store_rows at the end.
@@ -46,17 +46,27 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1        // blocks per SM the register cap must allow
 #endif
+// D = 128: K and V released apart (1): each has its own full/empty barriers per slot, and a consumer
+// releases K's slot once its S is done, so the producer loads the next K while the consumers run
+// the softmax and P V, and the next V while they compute the next S. One slot of 64-key K and V
+// tiles then keeps the loads hidden where the pair released together needs two (0): at D = 128
+// the shared memory of two 32-key slots holds one 64-key slot, and the softmax's work per tile (row
+// maxima, O rescaled) is paid once per 64 keys. (At D = 64, with two 128-key slots, the split's
+// extra live values make ptxas spill.)
+#ifndef SPLIT_KV_D128
+#define SPLIT_KV_D128 1
+#endif
 #ifndef KEY_TILE_D64
 #define KEY_TILE_D64 128    // keys per K/V tile: a tile's softmax work (row max, O rescaled) per 128 keys
 #endif
-#ifndef KEY_TILE_D128
-#define KEY_TILE_D128 32    // at D = 128, 224 rows of Q take 56 KB: 2 slots of 64 keys would not fit
+#ifndef KEY_TILE_D128       // at D = 128, 224 rows of Q take 56 KB: one slot of 64 keys fits, or two of 32
+#define KEY_TILE_D128 (SPLIT_KV_D128 ? 64 : 32)
 #endif
 #ifndef STAGES_D64
 #define STAGES_D64 2        // ring slots: 2 of 128 keys (64 KB) fit beside Q's 28 KB
 #endif
 #ifndef STAGES_D128
-#define STAGES_D128 2
+#define STAGES_D128 (SPLIT_KV_D128 ? 1 : 2)
 #endif
 // With the mask, query blocks counted back from the end of the sequence, so that the padded block
 // is the shortest (1), or from its start, the padded block the longest (0).
@@ -99,14 +109,16 @@ constexpr bool kFixedAddresses = FIXED_ADDRESSES;
 template <int D> struct Config {
     static constexpr int KEY_TILE = D == 64 ? KEY_TILE_D64 : KEY_TILE_D128;
     static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
+    static constexpr bool SPLIT_KV = D == 128 && SPLIT_KV_D128;  // K and V released apart
     static constexpr int BLOCK_ROWS = CONSUMERS * WARP_ROWS;
     static constexpr int THREADS = 32 * (CONSUMERS + 1);
     static constexpr int TILE = KEY_TILE * D;  // elements in one K or V tile
-    // HEADER bytes of mbarriers (full[STAGES], empty[STAGES], q_full), then the 2-byte tiles, each
-    // at a multiple of its row pitch (ELEM_BYTES D, at most 256 bytes), as swizzled_step needs.
+    // HEADER bytes of mbarriers (full[STAGES], empty[STAGES], q_full, v_full[STAGES],
+    // v_empty[STAGES]), then the 2-byte tiles, each at a multiple of its row pitch (ELEM_BYTES D,
+    // at most 256 bytes), as swizzled_step needs.
     static constexpr int HEADER = 256;
     static constexpr size_t bytes = HEADER + ELEM_BYTES * (BLOCK_ROWS * D + 2 * STAGES * TILE);
-    static_assert(sizeof(uint64_t) * (2 * STAGES + 1) <= HEADER, "mbarriers overflow their header");
+    static_assert(sizeof(uint64_t) * ((SPLIT_KV ? 4 : 2) * STAGES + 1) <= HEADER, "mbarriers overflow their header");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
     // A split padded block's merge: each warp's partial result (fp32, lane-major) goes where Q and
     // the ring were, which are free once every consumer has left the loop; as many as fit.
@@ -116,15 +128,17 @@ template <int D> struct Config {
 
 // The block's shared memory, in Config's order: the mbarriers' header, then Q and the K/V ring.
 template <typename Elem, int D> struct FwdSmem {
-    uint64_t *full;   // [STAGES]: slot s holds a landed tile
-    uint64_t *empty;  // [STAGES]: every consumer is done with slot s
+    uint64_t *full;   // [STAGES]: slot s holds a landed tile (SPLIT_KV: its K tile)
+    uint64_t *empty;  // [STAGES]: every consumer is done with slot s (SPLIT_KV: with its K tile)
     uint64_t *q_full; // Q has landed
+    uint64_t *v_full, *v_empty;  // [STAGES] each, SPLIT_KV only: the same for the slot's V tile
     Elem *q_tile;     // [BLOCK_ROWS][D], swizzled
     Elem *k_ring;     // [STAGES][KEY_TILE][D], swizzled
     Elem *v_ring;     // [STAGES][KEY_TILE][D], swizzled
     __device__ explicit FwdSmem(unsigned char *smem) {
         using L = Config<D>;
         full = (uint64_t *)smem, empty = full + L::STAGES, q_full = empty + L::STAGES;
+        v_full = q_full + 1, v_empty = v_full + L::STAGES;
         q_tile = (Elem *)(smem + L::HEADER), k_ring = q_tile + L::BLOCK_ROWS * D, v_ring = k_ring + L::STAGES * L::TILE;
     }
 };
@@ -151,6 +165,21 @@ __device__ __forceinline__ BlockRows block_rows(int S, int S_kv, int causal) {
     return {q0, rows_end, ceil_div(causal ? rows_end + S_kv - S : S_kv, KEY_TILE)};
 }
 
+// One K or V tile of KEY_TILE rows from row k0 of a head ([S_kv][D]) into a ring slot, by the
+// producer warp's 32 lanes, 16 bytes per cp.async; rows past S_kv are zero-filled. WITH_SECOND:
+// the same rows of a second head (V beside K) into a second slot tile, in the same loop.
+template <int D, int KEY_TILE, bool WITH_SECOND, typename Elem>
+__device__ __forceinline__ void copy_kv_tile(Elem *slot_tile, const Elem *head, Elem *second_tile,
+                                             const Elem *second_head, int k0, int S_kv, int lane) {
+    for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
+        const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+        const bool valid = k0 + r < S_kv;
+        const size_t src = (size_t)(valid ? k0 + r : 0) * D + c;
+        cp_async_16(slot_tile + swizzle<D>(r, c), head + src, valid);
+        if (WITH_SECOND) cp_async_16(second_tile + swizzle<D>(r, c), second_head + src, valid);
+    }
+}
+
 // The producer warp's whole job: 32 lanes, 16 bytes per cp.async, zero-filling rows past the
 // block's rows or past S_kv. Tile t goes to slot t % STAGES once the consumers have released the
 // slot's previous tile (ring_wait_empty, mma_ptx.cuh). q_head and kv_head: where the block's query
@@ -169,14 +198,15 @@ __device__ __forceinline__ void produce(const FwdSmem<Elem, D> &m, const Elem *q
     for (int tile = 0; tile < rows.n_tiles; tile++) {
         const int slot = ring_wait_empty<STAGES, kWaitSuspend>(m.empty, tile);
         const int k0 = tile * KEY_TILE;
-        for (int i = lane; i < KEY_TILE * (D / 8); i += 32) {
-            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-            const bool valid = k0 + r < S_kv;
-            const size_t src = kv_head + (size_t)(valid ? k0 + r : 0) * D + c;
-            cp_async_16(m.k_ring + slot * L::TILE + swizzle<D>(r, c), k + src, valid);
-            cp_async_16(m.v_ring + slot * L::TILE + swizzle<D>(r, c), v + src, valid);
-        }
+        // K and V of the tile in one loop, or (SPLIT_KV) K alone, V once its slot is free.
+        copy_kv_tile<D, KEY_TILE, !L::SPLIT_KV>(m.k_ring + slot * L::TILE, k + kv_head, m.v_ring + slot * L::TILE,
+                                                v + kv_head, k0, S_kv, lane);
         cp_async_mbarrier_arrive(&m.full[slot]);  // fires when this lane's copies have landed
+        if constexpr (L::SPLIT_KV) {  // V's slot frees later than K's: after P V, not after S
+            ring_wait_empty<STAGES, kWaitSuspend>(m.v_empty, tile);
+            copy_kv_tile<D, KEY_TILE, false>(m.v_ring + slot * L::TILE, v + kv_head, m.v_ring, v, k0, S_kv, lane);
+            cp_async_mbarrier_arrive(&m.v_full[slot]);
+        }
     }
     cp_async_wait<0>();  // leave no copy in flight when the warp exits
 }
@@ -441,6 +471,7 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
         for (int s = 0; s < STAGES; s++) {
             mbarrier_init(&m.full[s], 32);              // one arrival per producer lane
             mbarrier_init(&m.empty[s], 32 * CONSUMERS);  // one arrival per consumer thread
+            if constexpr (L::SPLIT_KV) mbarrier_init(&m.v_full[s], 32), mbarrier_init(&m.v_empty[s], 32 * CONSUMERS);
         }
         mbarrier_init(m.q_full, 32);
     }
@@ -468,18 +499,38 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
         const int k0 = tile * KEY_TILE;
         const bool mine = tile == my_next;  // this warp's share of the key tiles (all when not split)
         if (mine) my_next += w.splits;
-        if (w.has_rows && mine && (!causal || k0 <= first_last_key + WARP_ROWS - 1)) {
-            float s_acc[ROW_TILES][KEY_TILE / 8][4];
+        // Done reading the slot (SPLIT_KV: its K tile, then its V tile). Every thread arrives, a
+        // warp without work too (its arrival releases its own reads), so the slot is refilled
+        // only after each consumer thread has finished with it; and each waits for a tile before
+        // it releases it, so no arrival can count towards the phase before.
+        if constexpr (!L::SPLIT_KV) {
+            if (w.has_rows && mine && (!causal || k0 <= first_last_key + WARP_ROWS - 1)) {
+                float s_acc[ROW_TILES][KEY_TILE / 8][4];
+                const uint32_t slot_bytes = slot * L::TILE * ELEM_BYTES;
+                tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, q_a, m.k_ring + slot * L::TILE, k_b + slot_bytes,
+                                               w.warp_row0, lane);
+                mask_scores<KEY_TILE>(s_acc, k0, first_last_key, S_kv, causal, g, t);
+                softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
+                accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, v_b + slot_bytes, lane);
+            }
+            mbarrier_arrive(&m.empty[slot]);
+        } else {
+            const bool works = w.has_rows && mine && (!causal || k0 <= first_last_key + WARP_ROWS - 1);
             const uint32_t slot_bytes = slot * L::TILE * ELEM_BYTES;
-            tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, q_a, m.k_ring + slot * L::TILE, k_b + slot_bytes, w.warp_row0,
-                                           lane);
-            mask_scores<KEY_TILE>(s_acc, k0, first_last_key, S_kv, causal, g, t);
-            softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
-            accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, v_b + slot_bytes, lane);
+            float s_acc[ROW_TILES][KEY_TILE / 8][4];
+            if (works)
+                tile_scores<Elem, D, KEY_TILE>(s_acc, m.q_tile, q_a, m.k_ring + slot * L::TILE, k_b + slot_bytes,
+                                               w.warp_row0, lane);
+            mbarrier_arrive(&m.empty[slot]);
+            if (works) {
+                mask_scores<KEY_TILE>(s_acc, k0, first_last_key, S_kv, causal, g, t);
+                softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
+            }
+            ring_wait_full<STAGES, kWaitSuspend>(m.v_full, tile);
+            if (works)
+                accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, v_b + slot_bytes, lane);
+            mbarrier_arrive(&m.v_empty[slot]);
         }
-        // Done reading the slot. Every thread arrives (its arrival releases its own reads), so
-        // the slot is refilled only after each consumer thread has finished with it.
-        mbarrier_arrive(&m.empty[slot]);
     }
     if (w.split) merge_shares<D>(st, w, smem, warp, lane);
     store_rows<Elem, D>(st, o + head, lse_log2 + (size_t)head_index * S, first_query, rows.rows_end, w.share == 0, g, t);
