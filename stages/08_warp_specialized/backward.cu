@@ -4,8 +4,9 @@
 // (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
 //   delta_i = rowsum(dO ∘ O)                                     (backward_delta, a pre-pass)
 //   S = Q Kᵀ, P;  dP = dO Vᵀ;  dS = P ∘ (dP - delta);  dV += Pᵀ dO;  dK += dSᵀ Q;  dQ += dS K
-// backward_dk_dv gives each block 128 keys and walks over the query tiles (64 queries at D = 64,
-// 32 at D = 128), holding dK and dV in registers. The five products of a tile have three shapes
+// backward_dk_dv gives each block 128 keys and walks over the query tiles of 64 queries (at D =
+// 128 in a ring of one slot, the next tile copied under dQ's product), holding dK and dV in
+// registers. The five products of a tile have three shapes
 // (queries x keys, keys x D, queries x D), and the block's eight warps split each one into warp
 // tiles of 32 rows, each warp taking a different piece of each: every fragment read from shared
 // memory feeds two to eight MMAs. The price is that P and dS, computed in the warp layout of S,
@@ -26,8 +27,10 @@
 // walked tile, so a block-wide cp.async ring (stage 07's pipeline) feeds them all. With grouped
 // heads a dK/dV block walks the query tiles of every query head that reads its K/V head, one walk
 // after the other, and sums their dK and dV in registers.
-// Limits: 101,376 bytes of shared memory allow half of FlashAttention-2's query tile (64 at D =
-// 64, 32 at D = 128, against its 128 and 64), so a block does twice its __syncthreads per FLOP.
+// Limits: 101,376 bytes of shared memory allow half of FlashAttention-2's query tile at D = 64 (64
+// against its 128), so a block does twice its __syncthreads per FLOP there; at D = 128 its 64 rows
+// fit only in a one-slot ring, and ptxas spills about 100 bytes a thread (dK, dV, S, dP and V's
+// fragments live together).
 #include <math.h>
 
 #include "kernel_common.cuh"
