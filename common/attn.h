@@ -29,7 +29,16 @@ typedef struct {
     int kv_seq;    // keys per head, any value >= 1 (a KV cache, cross-attention). With `causal`,
                    // aligned bottom-right as FlashAttention does: query i sees keys 0..i + kv_seq -
                    // seq, so causal needs kv_seq >= seq (every query then sees at least one key)
+    int fp8;       // the FP8 method of the stage that computes the forward (attn_stage.fp8), set
+                   // by the harness from the stage's table: the checker's rule follows it. 0: none
 } attn_shape;
+
+// The FP8 methods (attn_stage.fp8, attn_shape.fp8): the forward takes fp16 Q, K and V, quantizes
+// them to e4m3 with one scale per tensor (ATTN_FP8 alone) or per block of ATTN_FP8_BLOCK_ROWS rows
+// of a head (| ATTN_FP8_BLOCK_SCALES), after rotating Q and K by a random-sign Hadamard transform
+// (| ATTN_FP8_HADAMARD), and multiplies in e4m3 (P too); O is fp16.
+enum { ATTN_FP8 = 1, ATTN_FP8_BLOCK_SCALES = 2, ATTN_FP8_HADAMARD = 4 };
+#define ATTN_FP8_BLOCK_ROWS 128
 
 static inline int attn_kv_heads(const attn_shape *s) { return s->kv_heads ? s->kv_heads : s->heads; }
 static inline int attn_kv_seq(const attn_shape *s) { return s->kv_seq ? s->kv_seq : s->seq; }
@@ -130,6 +139,9 @@ typedef struct attn_stage {
     // 1 when the kernels take K and V of another length than Q (kv_seq: a KV cache,
     // cross-attention); the harness refuses such shapes for the other stages.
     int runs_kv_seq ATTN_OPTIONAL;
+    // The FP8 method of the forward (ATTN_FP8 | ...: its inputs and output stay fp16, its products
+    // are e4m3), 0 for the stages that compute in the tensors' own type.
+    int fp8 ATTN_OPTIONAL;
 } attn_stage;
 
 // Defined by the stage being built into this executable.

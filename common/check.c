@@ -94,7 +94,7 @@ int check_inputs_finite(const attn_shape *shape, const uint16_t *tensor, const c
 static row_errors compare_row(const attn_shape *shape, const uint16_t *out, size_t base, const double *ref,
                               const double *worst, const double *rss, double row_rel_l2) {
     const int D = shape->dim;
-    const double u = ref_rounding_of(shape->dtype).u;
+    const double u = ref_check_unit(shape);
     row_errors e = {0};
     e.first_bad = (size_t)-1;
     double rss_sq = 0.0;
@@ -152,32 +152,49 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
     const long long tasks = (long long)B * H * rows_per_head;
     r.rows_checked = (size_t)tasks;
 
+    // An FP8 forward's rule needs its blocks' scales (and Q and K rotated) first.
+    ref_fp8 *fp8 = ref_fp8_prepare(shape, q, k, v);
+    if (shape->fp8 && !fp8) {
+        fprintf(stderr, "check: out of host memory\n");
+        exit(1);
+    }
     double err_sq = 0.0, ref_sq = 0.0;
     OMP_PARALLEL
     {
-        // Scratch of 2 S_kv doubles, then the row, its worst and its rss terms (D each).
-        double *scratch = malloc(sizeof(double) * (2 * (size_t)S_kv + 3 * (size_t)D));
+        // Scratch of 2 S_kv doubles, then the row, its worst and its rss terms and, FP8, the row of
+        // attention of the unrounded inputs (D each).
+        double *scratch = malloc(sizeof(double) * (2 * (size_t)S_kv + 4 * (size_t)D));
         if (!scratch) {
             fprintf(stderr, "check: out of host memory\n");
             exit(1);
         }
-        double *ref_row = scratch + 2 * (size_t)S_kv, *worst = ref_row + D, *rss = worst + D;
+        double *ref_row = scratch + 2 * (size_t)S_kv, *worst = ref_row + D, *rss = worst + D, *true_row = rss + D;
         OMP_FOR_DYNAMIC
         for (long long t = 0; t < tasks; t++) {
             const int bh = (int)(t / rows_per_head), i = (int)(t % rows_per_head);
             const int b = bh / H, h = bh % H;
             const int row = r.full ? i : sample_row(S, i, (uint64_t)bh);
-            reference_row_error(shape, q, k, v, b, h, row, scratch, ref_row,
-                                (reference_error){worst, rss});
+            if (fp8) {
+                reference_row_error_fp8(shape, fp8, b, h, row, scratch, ref_row, (reference_error){worst, rss});
+                reference_row(shape, q, k, v, b, h, row, scratch, true_row);
+            } else {
+                reference_row_error(shape, q, k, v, b, h, row, scratch, ref_row, (reference_error){worst, rss});
+            }
 
             const size_t base = (((size_t)b * H + h) * S + row) * D;
-            const row_errors e = compare_row(shape, out, base, ref_row, worst, rss, CHECK_ROW_REL_L2);
+            row_errors e = compare_row(shape, out, base, ref_row, worst, rss, CHECK_ROW_REL_L2);
+            if (fp8) {  // the errors reported: FP8's own, against attention of the inputs themselves
+                const row_errors truth = compare_row(shape, out, base, true_row, worst, rss, CHECK_ROW_REL_L2);
+                e.err_sq = truth.err_sq, e.ref_sq = truth.ref_sq, e.max_abs = truth.max_abs;
+            }
             OMP_CRITICAL
             add_row(&r, &e, base, &err_sq, &ref_sq);
         }
         free(scratch);
     }
+    ref_fp8_free(fp8);
     r.rel_l2_err = ref_sq > 0.0 ? sqrt(err_sq / ref_sq) : sqrt(err_sq);
+    r.rmse = sqrt(err_sq / ((double)r.rows_checked * D));
     return r;
 }
 
@@ -185,14 +202,15 @@ check_result check_output(const attn_shape *shape, const float *q, const float *
 static void print_bounds(const attn_shape *shape) {
     printf("bounds: |err| <= %g u worst + 2^-24 per element, ||err|| <= %g ||ref|| + %g u ||rss|| per "
            "row, u = %s",
-           CHECK_C1, CHECK_ROW_REL_L2, CHECK_ROW_RSS, shape->dtype == ATTN_BF16 ? "2^-8 (bf16)" : "2^-11 (fp16)");
+           CHECK_C1, CHECK_ROW_REL_L2, CHECK_ROW_RSS,
+           shape->fp8 ? "2^-4 (e4m3)" : shape->dtype == ATTN_BF16 ? "2^-8 (bf16)" : "2^-11 (fp16)");
 }
 
 void check_print(const attn_shape *shape, const check_result *r) {
-    printf("check: %s, %zu rows vs float64 reference: max abs err %.3e, rel L2 err %.3e, largest "
-           "error %.2f of its bound (",
+    printf("check: %s, %zu rows vs float64 reference: max abs err %.3e, rel L2 err %.3e, RMSE %.3e, "
+           "largest error %.2f of its bound (",
            r->full ? "full output" : "sampled rows", r->rows_checked, r->max_abs_err,
-           r->rel_l2_err, r->max_bound_ratio);
+           r->rel_l2_err, r->rmse, r->max_bound_ratio);
     print_bounds(shape);
     printf(")\n");
     check_print_verdict("check", shape, r);

@@ -13,6 +13,18 @@
 #include <stdint.h>
 
 #define E4M3_MAX 448.0
+// e4m3's unit roundoff (3 mantissa bits: half a step, relative) and its smallest normal.
+#define E4M3_U 0x1p-4
+#define E4M3_MIN_NORMAL 0x1p-6
+
+// The random signs of incoherent processing, shared by the kernel and the checker: column d
+// (d < 128) is negated before the transform where bit d of this pair is set (splitmix64 of 1
+// and 2: random, and fixed so that every run rotates alike).
+#define FP8_SIGNS_LO 0x910a2dec89025cc1ull
+#define FP8_SIGNS_HI 0x975835de1c9756ceull
+static inline int fp8_sign_bit(int d) {
+    return (int)(((d < 64 ? FP8_SIGNS_LO >> d : FP8_SIGNS_HI >> (d - 64))) & 1);
+}
 
 // x rounded to the nearest e4m3 value (ties to even), saturated to +-448; NaN stays NaN.
 static inline double e4m3_round(double x) {
@@ -54,6 +66,33 @@ static inline void walsh_hadamard(double *x, int n) {
                 const double a = x[j], b = x[j + half];
                 x[j] = a + b, x[j + half] = a - b;
             }
+}
+
+// 1 / sqrt(D) as the float both the kernel and the checker multiply by after the transform.
+#define FP8_ROTATION_NORM(D) ((D) == 128 ? 0.08838834764831845f : 0.125f)
+
+// The rotation as stage 11's quantize kernel computes it, operation for operation in float (the
+// signs, the butterflies of stride 1, 2, 4, ... each a + b and a - b, then FP8_ROTATION_NORM), so
+// that the checker rounds the very values the kernel rounds. n is 64 or 128.
+static inline void fp8_rotate_row_f32(float *x, int n) {
+    for (int i = 0; i < n; i++)
+        if (fp8_sign_bit(i)) x[i] = -x[i];
+    for (int half = 1; half < n; half *= 2)
+        for (int i = 0; i < n; i += 2 * half)
+            for (int j = i; j < i + half; j++) {
+                const float a = x[j], b = x[j + half];
+                x[j] = a + b, x[j + half] = a - b;
+            }
+    for (int i = 0; i < n; i++) x[i] *= FP8_ROTATION_NORM(n);
+}
+
+// Incoherent processing with the course's signs (fp8_sign_bit): x <- H diag(signs) x / sqrt(n).
+static inline void fp8_rotate_row(double *x, int n) {
+    for (int i = 0; i < n; i++)
+        if (fp8_sign_bit(i)) x[i] = -x[i];
+    walsh_hadamard(x, n);
+    const double norm = 1.0 / sqrt((double)n);
+    for (int i = 0; i < n; i++) x[i] *= norm;
 }
 
 // Incoherent processing of one row of Q or K: x <- H diag(signs) x / sqrt(n). The matrix is

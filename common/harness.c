@@ -64,6 +64,7 @@ typedef struct {
     unsigned long long seed;
     // The generated inputs are N(mean, std^2), per tensor (T_Q, T_K, T_V and T_DO).
     double mean[T_DO + 1], std[T_DO + 1];
+    int outliers;  // --outliers: Q, K and V with 0.1% large entries (FlashAttention-3's FP8 experiment)
     const char *csv_path, *load_dir, *save_dir;
 } options;
 
@@ -102,6 +103,8 @@ static void usage(FILE *out) {
             "                 +-10 to +-100), which softmax cancels; one in q shifts each key's scores\n"
             "  --std T=X      draw tensor T with standard deviation X: 0 < X <= %.0f (--std q=2.5\n"
             "                 --std k=2.5: scores six times as large)\n"
+            "  --outliers     Q, K and V drawn from N(0,1) + N(0,100) Bernoulli(0.001): 0.1%% of the\n"
+            "                 entries large (the FP8 accuracy experiment of FlashAttention-3's paper)\n"
             "  --csv FILE     append one result row to FILE (with --bench)\n"
             "  --load DIR     read DIR/q.npy, k.npy, v.npy (fp16 [B,H,S,D]; and do.npy with --backward)\n"
             "                 instead of random inputs\n"
@@ -178,7 +181,7 @@ static options parse_options(int argc, char **argv) {
                    .seed = 1,
                    .mean = {0, 0, 0, 0, 0},
                    .std = {1, 1, 1, 1, 1}};
-    int shaped = 0;  // --mean or --std given
+    int shaped = 0;  // --mean, --std or --outliers given
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         // B, H and S are limited together: at most INT_MAX elements per tensor (shape_refusal).
@@ -192,6 +195,7 @@ static options parse_options(int argc, char **argv) {
         else if (!strcmp(a, "--mean")) parse_tensor_value(a, next, -INPUT_MEAN_MAX, INPUT_MEAN_MAX, opt.mean), shaped = 1, i++;
         else if (!strcmp(a, "--std")) parse_tensor_value(a, next, 0x1p-24, INPUT_STD_MAX, opt.std), shaped = 1, i++;
         else if (!strcmp(a, "--causal")) opt.shape.causal = 1;
+        else if (!strcmp(a, "--outliers")) opt.outliers = 1, shaped = 1;
         else if (!strcmp(a, "--dtype")) opt.shape.dtype = parse_dtype(next), i++;
         else if (!strcmp(a, "--layout")) opt.seq_major = parse_layout(next), i++;
         else if (!strcmp(a, "--kv-heads")) opt.shape.kv_heads = (int)parse_integer(a, next, 1, INT_MAX), i++;
@@ -213,7 +217,8 @@ static options parse_options(int argc, char **argv) {
         }
     }
     if (opt.csv_path && !opt.bench) die_usage("%s needs --bench (it records timings)", "--csv");
-    if (shaped && opt.load_dir) die_usage("%s reads its inputs; --mean and --std shape generated ones only", "--load");
+    if (shaped && opt.load_dir)
+        die_usage("%s reads its inputs; --mean, --std and --outliers shape generated ones only", "--load");
     if (attn_kv_differs(&opt.shape) && (opt.load_dir || opt.save_dir || opt.csv_path))
         die_usage("%s takes Q, K and V of one shape; leave out --kv-heads and --kv-seq",
                   opt.load_dir ? "--load" : opt.save_dir ? "--save" : "--csv");
@@ -236,15 +241,26 @@ static uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-static void fill_normal(uint16_t *dst, size_t n, int dtype, uint64_t seed, uint64_t tensor, double mean, double std) {
+// N(mean, std^2) by Box-Muller from the bits of one hash: element i's value depends on the seed,
+// the tensor and i alone.
+static double normal_of(uint64_t bits) {
+    double u1 = ((double)(bits >> 40) + 1.0) / 16777217.0;         // (0, 1]
+    double u2 = (double)(bits & 0xffffffull) / 16777216.0;          // [0, 1)
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+// With `outliers`, an element also gets N(0, 100) (standard deviation 10) with probability 0.001.
+static void fill_normal(uint16_t *dst, size_t n, int dtype, uint64_t seed, uint64_t tensor, double mean, double std,
+                        int outliers) {
     const uint64_t key = splitmix64(seed ^ splitmix64(tensor));
     OMP_PARALLEL_FOR
     for (long long i = 0; i < (long long)n; i++) {
-        uint64_t bits = splitmix64(key + (uint64_t)i);
-        double u1 = ((double)(bits >> 40) + 1.0) / 16777217.0;         // (0, 1]
-        double u2 = (double)(bits & 0xffffffull) / 16777216.0;          // [0, 1)
-        double normal = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-        dst[i] = float_to_elem((float)(mean + std * normal), dtype);
+        double x = mean + std * normal_of(splitmix64(key + (uint64_t)i));
+        if (outliers) {
+            const uint64_t extra = splitmix64(~key + (uint64_t)i);
+            if ((double)(extra >> 11) / 9007199254740992.0 < 0.001) x += 10.0 * normal_of(splitmix64(extra));
+        }
+        dst[i] = float_to_elem((float)x, dtype);
     }
 }
 
@@ -469,6 +485,7 @@ int main(int argc, char **argv) {
     set_program_name();
     options opt = parse_options(argc, argv);
     attn_shape *shape = &opt.shape;
+    shape->fp8 = STAGE.fp8;  // the checker's rule follows the stage's FP8 method
     uint16_t *host[N_TENSORS] = {NULL};  // fp16 or bf16 bits, in TENSOR_NAMES order
     if (opt.backward && !STAGE.backward) {
         fprintf(stderr, "%s: --backward: this stage has a forward pass only (a stage with a backward.cu has both)\n",
@@ -511,9 +528,14 @@ int main(int argc, char **argv) {
         if (*c == ',') *c = ' ';  // keep the CSV parseable
     char kv[64] = "";
     if (attn_kv_differs(shape)) snprintf(kv, sizeof kv, " H_kv=%d S_kv=%d", attn_kv_heads(shape), attn_kv_seq(shape));
-    printf("%s on %s: B=%d H=%d S=%d D=%d%s %s %s%s\n", program_name, gpu, shape->batch, shape->heads,
-           shape->seq, shape->dim, kv, DTYPE_NAMES[shape->dtype], shape->causal ? "causal" : "non-causal",
-           opt.backward ? ", forward and backward" : "");
+    char fp8[96] = "";
+    if (shape->fp8)
+        snprintf(fp8, sizeof fp8, " (e4m3 products: %s%s)",
+                 shape->fp8 & ATTN_FP8_BLOCK_SCALES ? "a scale per 128 rows" : "one scale per tensor",
+                 shape->fp8 & ATTN_FP8_HADAMARD ? ", Q and K rotated" : "");
+    printf("%s on %s: B=%d H=%d S=%d D=%d%s %s%s %s%s%s\n", program_name, gpu, shape->batch, shape->heads,
+           shape->seq, shape->dim, kv, DTYPE_NAMES[shape->dtype], fp8, shape->causal ? "causal" : "non-causal",
+           opt.backward ? ", forward and backward" : "", opt.outliers ? ", inputs with outliers" : "");
 
     // Device tensors: q, k, v, o, and for the backward do, dq, dk, dv.
     const int n_tensors = opt.backward ? N_TENSORS : T_O + 1;
@@ -541,7 +563,8 @@ int main(int argc, char **argv) {
         if (host[t]) continue;  // loaded
         host[t] = xmalloc(2 * elems[t]);
         if (t <= T_V || t == T_DO)
-            fill_normal(host[t], elems[t], shape->dtype, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t]);
+            fill_normal(host[t], elems[t], shape->dtype, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t],
+                        opt.outliers && t <= T_V);
     }
 
     void *dev_ptr[N_TENSORS] = {NULL};

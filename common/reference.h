@@ -4,6 +4,7 @@
 #define FLASH_STAGES_REFERENCE_H
 
 #include "attn.h"
+#include "fp8.h"
 
 // The element type's rounding. Rounding to nearest moves a normal value by at most u times its
 // size; below the smallest normal m the spacing is fixed, so it moves any value x by at most
@@ -40,6 +41,24 @@ typedef struct {
     double *worst, *rss;
 } reference_error;
 
+// The FP8 forward's quantization (attn_shape.fp8), as its error terms need it: the scale of each
+// block of rows, amax / 448 over ATTN_FP8_BLOCK_ROWS rows of a head (or one for the whole tensor),
+// and, with the Hadamard transform, Q and K rotated (the kernel rounds the rotated values; the
+// scores themselves do not change).
+typedef struct {
+    float *q_rot, *k_rot;                 // [B, H, S, D] and [B, H_kv, S_kv, D]; NULL: not rotated
+    double *q_scale, *k_scale, *v_scale;  // [B * H][blocks of S] and [B * H_kv][blocks of S_kv]
+    float *q_hat, *k_hat, *v_hat;         // Q, K (rotated) and V as the kernel multiplies them
+} ref_fp8;
+
+// The scales (and rotated copies) for `shape`'s FP8 method from the float copies of the inputs;
+// NULL when shape->fp8 is 0. Free with ref_fp8_free.
+ref_fp8 *ref_fp8_prepare(const attn_shape *shape, const float *q, const float *k, const float *v);
+void ref_fp8_free(ref_fp8 *fp8);
+
+// The unit the checker's bounds count in: the element type's u, or e4m3's for an FP8 forward.
+static inline double ref_check_unit(const attn_shape *s) { return s->fp8 ? E4M3_U : ref_rounding_of(s->dtype).u; }
+
 // One output row O[b, h, row, :] in float64. q is a [B, H, S, D] and k, v are [B, H_kv, S_kv, D]
 // float copies of the fp16 or bf16 inputs (exact: every value of either is a float). `scores` is
 // caller scratch of S_kv doubles.
@@ -50,5 +69,14 @@ void reference_row(const attn_shape *shape, const float *q, const float *k, cons
 void reference_row_error(const attn_shape *shape, const float *q, const float *k, const float *v,
                          int b, int h, int row, double *scratch, double *out_row,
                          reference_error err);
+
+// The row an FP8 forward must give (fp8 from ref_fp8_prepare): attention in float64 of the inputs
+// it multiplies, Q, K and V rounded to e4m3 by their blocks' scales (q_hat, k_hat, v_hat; the
+// rotation leaves the scores as they were), and the error terms, in units of e4m3's u, of what it
+// rounds after that: P to e4m3, the tensor cores' sums, O to fp16. How far that row lies from
+// attention of the inputs themselves is FP8's error, which the checker reports (RMSE) and does not
+// bound. `scratch` holds 2 S_kv doubles.
+void reference_row_error_fp8(const attn_shape *shape, const ref_fp8 *fp8, int b, int h, int row, double *scratch,
+                             double *out_row, reference_error err);
 
 #endif

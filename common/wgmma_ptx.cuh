@@ -378,6 +378,63 @@ __device__ inline void pack_a_frags(uint32_t frag[N / 16][4], const float *acc) 
         for (int i = 0; i < 4; i++) frag[kk][i] = pack2<Elem>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
 }
 
+// FP8 (e4m3) operands, stage 11. An e4m3 wgmma takes K = 32 per instruction and both operands
+// K-major (the instruction has no transpose for 8-bit types). A row of 128 one-byte values is one
+// 128-byte swizzled row; a row of 64 uses the 64-byte swizzle (atoms of 8 rows x 64 bytes, 512
+// bytes apart), which TMA writes with CU_TENSOR_MAP_SWIZZLE_64B. The k-th 32-wide step starts 32 k
+// bytes into the row, as fp16's 16-wide steps do.
+template <int ROW_BYTES>
+__device__ inline uint64_t desc_k_major_fp8(const uint8_t *tile, int row0, int kk) {
+    static_assert(ROW_BYTES == 64 || ROW_BYTES == 128, "one 64- or 128-byte swizzled row");
+    const uint64_t address = smem_address(tile + row0 * ROW_BYTES + kk * 32);
+    const uint64_t layout = ROW_BYTES == 128 ? 1 : 2;  // 128-byte or 64-byte swizzle
+    return ((address & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)((8 * ROW_BYTES) >> 4) << 32) | (layout << 62);
+}
+
+// D[64 x 128] (+)= A B in e4m3, both from shared memory: S = Q Kᵀ of a 128-key tile.
+__device__ inline void wgmma_m64n128k32_e4m3_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+        " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WGMMA_R64 "}, %64, %65, p, 1, 1;\n}\n"
+        : WGMMA_D64
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D[64 x N] (+)= A B in e4m3, A from registers (four .b32 of four e4m3: a[0] row g, columns
+// 4t..4t+3 of the 32; a[1] row g + 8, the same; a[2], a[3] columns 16 + 4t.. of rows g, g + 8 -
+// mma.sync m16n8k32's 8-bit A layout), B from shared memory: O += P V, N = D.
+#define WGMMA_M64N64K32_E4M3_RS                                                                  \
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                   \
+                 " wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" WGMMA_R32 "}, "        \
+                 "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"                                        \
+                 : WGMMA_D32                                                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+#define WGMMA_M64N128K32_E4M3_RS                                                                 \
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"                                   \
+                 " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WGMMA_R64 "}, "       \
+                 "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"                                        \
+                 : WGMMA_D64                                                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+template <int N>
+__device__ inline void wgmma_m64k32_e4m3_rs(float *d, const uint32_t a[4], uint64_t desc_b, int scale_d) {
+    if constexpr (N == 64) WGMMA_M64N64K32_E4M3_RS;
+    else WGMMA_M64N128K32_E4M3_RS;
+}
+
+// Four floats as four e4m3 bytes, x0 in the lowest (round to nearest even, saturating at +-448).
+// (sm_89 and newer; the other device passes compile it to 0, and never run it.)
+__device__ inline uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+#if __CUDA_ARCH__ >= 890
+    uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(x1), "f"(x0));  // the first source: upper byte
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(x3), "f"(x2));
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+#else
+    (void)x0, (void)x1, (void)x2, (void)x3;
+    return 0;
+#endif
+}
+
 // Host: the driver's cuTensorMapEncodeTiled, found through the runtime, so the programs need no -lcuda.
 static inline cudaError_t tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000 *encode_out) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
@@ -425,6 +482,23 @@ static inline cudaError_t make_tensor_map(CUtensorMap *map, const void *tensor, 
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)rows.heads, (cuuint64_t)batch};
     const cuuint64_t strides[3] = {(cuuint64_t)rows.row * 2, (cuuint64_t)rows.head * 2, (cuuint64_t)rows.batch * 2};
     return encode_tensor_map(map, tensor, dtype, 4, dims, strides, box_rows);
+}
+
+// Host: a TMA tensor map for a [heads, rows, cols] tensor of bytes (e4m3), read in boxes of
+// box_rows x box_cols (64 or 128 columns: one 64- or 128-byte swizzled row).
+static inline cudaError_t make_tensor_map_bytes(CUtensorMap *map, const void *tensor, int heads_total, int rows,
+                                                int cols, int box_rows, int box_cols) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode;
+    const cudaError_t err = tensor_map_encoder(&encode);
+    if (err != cudaSuccess) return err;
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)heads_total};
+    const cuuint64_t strides[2] = {(cuuint64_t)cols, (cuuint64_t)rows * cols};
+    const cuuint32_t box[3] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, 1}, element_strides[3] = {1, 1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)tensor, dims, strides, box,
+                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              box_cols == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 #endif

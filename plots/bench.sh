@@ -7,7 +7,7 @@
 # <gpu>_ladders.csv, <gpu>_bf16.csv and <gpu>_ceilings.csv and render the charts. Run it through `cmake --workflow --preset bench` (README), which builds first and
 # sets FLASH_STAGES_BIN.
 #
-# --parts LIST (comma-separated; default sweep,peers,ablations,ladders,bf16,ceilings,overhead) runs only those
+# --parts LIST (comma-separated; default sweep,peers,ablations,ladders,fp8,bf16,ceilings,overhead) runs only those
 # parts, and --merge (which a subset of parts needs) puts their rows into the CSVs already there
 # (plots/merge_rows.py) instead of replacing them: where one command may not run for the whole
 # benchmark, build once (cmake --workflow --preset full), then run it as several commands on the
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 source plots/gpu_slug.sh
 
 bin=${FLASH_STAGES_BIN:-build/bin}
-all_parts=sweep,peers,ablations,ladders,bf16,ceilings,overhead
+all_parts=sweep,peers,ablations,ladders,fp8,bf16,ceilings,overhead
 parts=$all_parts merge=0
 while [ $# -gt 0 ]; do
     case $1 in
@@ -126,6 +126,10 @@ if has_part ladders; then
     echo "bench: the ladder steps (plots/ablations.py --ladders)"
     python3 plots/ablations.py --ladders "${merge_flag[@]}" --csv "plots/data/${slug}_ladders.csv" "${stages[@]}" ||
         failures=$((failures + 1))
+fi
+if has_part fp8; then
+    echo "bench: FP8 accuracy, stage 10 in fp16 and stage 11's methods (plots/fp8_accuracy.py)"
+    python3 plots/fp8_accuracy.py --csv "plots/data/${slug}_fp8_accuracy.csv" || failures=$((failures + 1))
 fi
 overhead_tmp=$(mktemp "${TMPDIR:-/tmp}/overhead.XXXXXX.csv")
 if has_part overhead; then

@@ -15,11 +15,11 @@ gpu_slug() {
 
 # bench_csvs: the benchmark's CSVs, plots/data/<gpu>.csv, one per line, without the other CSVs that
 # share the folder (<gpu>_ceilings, _ablations, _ladders, _bf16, _profiles, _training, _overhead
-# and _llama).
+# _llama and _fp8_accuracy).
 bench_csvs() {
     local csv
     for csv in plots/data/*.csv; do
-        case "$csv" in *_ceilings.csv | *_ablations.csv | *_ladders.csv | *_bf16.csv | *_profiles.csv | *_training.csv | *_overhead.csv | *_llama.csv) continue ;; esac
+        case "$csv" in *_ceilings.csv | *_ablations.csv | *_ladders.csv | *_bf16.csv | *_profiles.csv | *_training.csv | *_overhead.csv | *_llama.csv | *_fp8_accuracy.csv) continue ;; esac
         if [ -e "$csv" ]; then printf '%s\n' "$csv"; fi
     done
 }

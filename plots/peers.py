@@ -2,7 +2,10 @@
 """Measure the library kernels the stages are compared with, on the benchmark shapes: PyTorch's
 scaled_dot_product_attention backends (flash, which is FlashAttention-2; cuDNN; efficient) and,
 where it can be imported, FlashAttention-3 (`flash_attn_interface`, for instance from the PyPI
-package tokenspeed-fa3, a prebuilt FlashAttention-3 for the H100 and H200).
+package tokenspeed-fa3, a prebuilt FlashAttention-3 for the H100 and H200) and, forward only,
+cuDNN's FP8 attention (`cudnn`, from the PyPI package nvidia-cudnn-frontend: e4m3 Q, K and V with
+one scale per tensor, quantized once per shape outside the timed region, fp16 O; rows of dtype
+e4m3, checked against a looser sanity bound, FP8's).
 
 Same rules as the stages' harness (common/harness.c): random N(0,1) fp16 inputs, a check against
 float64 before timing, CUDA events, warm-up, the median of many runs, L2 flushed before each run,
@@ -45,8 +48,9 @@ def flush_and_spin(flush, i):
     torch.cuda._sleep(HARNESS["spin_cycles"])  # ~1 ms on the H100: longer than PyTorch's host dispatch
 
 
-def check_error(q, k, v, out, causal):
-    """Max abs error of head (0, 0), every row, against float64 attention."""
+def check_error(q, k, v, out, causal, atol=ATOL, rtol=RTOL):
+    """Max abs error of head (0, 0), every row, against float64 attention; ok where every element
+    is within atol + rtol |ref|."""
     import torch
     qd, kd, vd = (t[0, 0].double() for t in (q, k, v))
     scores = (qd @ kd.T) / (q.shape[-1] ** 0.5)
@@ -58,7 +62,7 @@ def check_error(q, k, v, out, causal):
     if not torch.isfinite(out).all():
         return float("inf"), False
     err = (got - ref).abs()
-    return err.max().item(), bool((err <= ATOL + RTOL * ref.abs()).all())
+    return err.max().item(), bool((err <= atol + rtol * ref.abs()).all())
 
 
 def check_grads(q, k, v, d_o, grads, causal):
@@ -88,10 +92,12 @@ class Peer:
     """One library kernel: its name (the CSV's stage column), the context it runs in (entered once
     per shape, outside the timed region), whether it takes [B, S, H, D] rather than [B, H, S, D]
     (the inputs are then transposed once, outside the timed region), and the timed call,
-    `call(q, k, v, causal)`, in the peer's own layout."""
+    `call(q, k, v, causal)`, in the peer's own layout; the element type it multiplies (the CSV's
+    dtype column) and its sanity bound (absolute and relative, as ATOL and RTOL)."""
 
-    def __init__(self, name, context, bshd, call):
+    def __init__(self, name, context, bshd, call, dtype="fp16", tolerance=(ATOL, RTOL)):
         self.name, self.context, self.bshd, self.call = name, context, bshd, call
+        self.dtype, self.tolerance = dtype, tolerance
 
     def own_layout(self, t):
         """[B, H, S, D] to the peer's layout; a leaf that requires grad if t does."""
@@ -116,7 +122,67 @@ def fa3_peer():
                 lambda q, k, v, causal: flash_attn_func(q, k, v, causal=bool(causal)))
 
 
-def make_peers():
+# FP8's sanity bound: e4m3 keeps 3 mantissa bits, so one scale per tensor moves O by a few percent
+# of its size (stage 11's lesson measures it); a wrong kernel moves it by far more.
+FP8_ATOL = FP8_RTOL = 0.15
+
+
+def cudnn_fp8_peer():
+    """cuDNN's FP8 attention forward through nvidia-cudnn-frontend's graph API. Each shape's Q, K
+    and V are quantized once (x / scale in e4m3, scale = amax / 448 per tensor) and its graph built
+    once, outside the timed region, so the time is cuDNN's kernel alone; P is scaled by 448 into
+    e4m3 (P <= 1) and O comes out in fp16."""
+    import contextlib
+
+    import cudnn
+    import torch
+
+    prepared = {}
+
+    def quantize(x):
+        scale = (x.abs().amax().float() / 448.0).clamp_min(1e-12).reshape(1, 1, 1, 1)
+        return (x.float() / scale).to(torch.float8_e4m3fn), scale
+
+    def prepare(q, k, v, causal):
+        (q8, dq), (k8, dk), (v8, dv) = quantize(q), quantize(k), quantize(v)
+        one = torch.ones(1, 1, 1, 1, device="cuda")
+        scale_s, descale_s = one * 448.0, one / 448.0
+        graph = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT)
+        q_t, k_t, v_t = (graph.tensor_like(t).set_data_type(cudnn.data_type.FP8_E4M3) for t in (q8, k8, v8))
+        scalars = [graph.tensor_like(t) for t in (dq, dk, dv, descale_s, scale_s, one)]
+        o_t, _, amax_s_t, amax_o_t = graph.sdpa_fp8(
+            q=q_t, k=k_t, v=v_t, descale_q=scalars[0], descale_k=scalars[1], descale_v=scalars[2],
+            descale_s=scalars[3], scale_s=scalars[4], scale_o=scalars[5], generate_stats=False,
+            attn_scale=1.0 / q.shape[-1] ** 0.5, use_causal_mask=bool(causal))
+        o = torch.empty_like(q)
+        o_t.set_output(True).set_dim(o.size()).set_stride(o.stride()).set_data_type(cudnn.data_type.HALF)
+        amax_s, amax_o = torch.zeros_like(one), torch.zeros_like(one)
+        for t in (amax_s_t, amax_o_t):
+            t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+        pack = {q_t: q8, k_t: k8, v_t: v8, o_t: o, amax_s_t: amax_s, amax_o_t: amax_o}
+        pack.update(zip(scalars, (dq, dk, dv, descale_s, scale_s, one)))
+        workspace = torch.empty(graph.get_workspace_size(), device="cuda", dtype=torch.uint8)
+        return graph, pack, workspace, o
+
+    def call(q, k, v, causal):
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), tuple(q.shape), bool(causal))
+        if key not in prepared:
+            prepared.clear()  # one shape's buffers at a time
+            prepared[key] = prepare(q, k, v, causal)
+        graph, pack, workspace, o = prepared[key]
+        graph.execute(pack, workspace)
+        return o
+
+    return Peer("cudnn_fp8", contextlib.nullcontext, False, call, dtype="e4m3", tolerance=(FP8_ATOL, FP8_RTOL))
+
+
+def make_peers(backward=False):
     from torch.nn.attention import SDPBackend
     peers = [sdpa_peer("sdpa_flash", SDPBackend.FLASH_ATTENTION), sdpa_peer("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
              sdpa_peer("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)]
@@ -125,6 +191,12 @@ def make_peers():
     except (ImportError, OSError) as e:  # not installed, or built for another PyTorch
         print(f"peers: fa3 skipped: FlashAttention-3 cannot be imported ({e}); "
               "pip install tokenspeed-fa3 on an H100 or H200 adds it")
+    if not backward:  # cuDNN's FP8 peer is timed forward only
+        try:
+            peers.append(cudnn_fp8_peer())
+        except (ImportError, OSError, AttributeError) as e:
+            print(f"peers: cudnn_fp8 skipped: nvidia-cudnn-frontend cannot be imported ({e}); "
+                  "pip install nvidia-cudnn-frontend adds it")
     return peers
 
 
@@ -146,12 +218,12 @@ def measure(peer, q, k, v, d_o, causal, backward, flush):
                 def run():
                     return peer.call(*qkv, causal)
             torch.cuda.synchronize()
-        except RuntimeError as e:
-            return str(e).splitlines()[0][:100]
+        except Exception as e:  # the peer cannot run this shape (PyTorch's and cuDNN's errors alike)
+            return (str(e).splitlines() or [type(e).__name__])[0][:100]
         if backward:
             max_err, ok = check_grads(q, k, v, d_o, grads, causal)
         else:
-            max_err, ok = check_error(q, k, v, peer.bhsd(out), causal)
+            max_err, ok = check_error(q, k, v, peer.bhsd(out), causal, *peer.tolerance)
         if not ok:
             return f"FAILED check: max abs err {max_err:.3e}"
         ms, fastest_ms, slowest_ms, runs = timed_ms(run, before_each=lambda i: flush_and_spin(flush, i))
@@ -172,7 +244,7 @@ def main():
     gpu = props.name.replace(",", " ")
     commit = os.environ.get("FLASH_STAGES_COMMIT", "unknown")
     flush = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device="cuda")
-    peers = make_peers()
+    peers = make_peers(args.backward)
     print(f"peers: PyTorch {torch.__version__}, {gpu}: {', '.join(p.name for p in peers)}")
 
     new_file = not os.path.exists(args.csv) or os.path.getsize(args.csv) == 0
@@ -203,7 +275,7 @@ def main():
                 print(f"{label} {direction} median {median_us:.1f} us over {runs} runs "
                       f"(min {min_us:.1f}, max {max_us:.1f}): {tflops:.2f} TFLOP/s")
                 csv.write(f"{gpu},{peer.name},{B},{H},{S},{D},{causal},{direction},{median_us:.3f},{tflops:.3f},"
-                          f"{gbps:.1f},{max_err:.3e},{runs},{commit},{min_us:.3f},{max_us:.3f},fp16\n")
+                          f"{gbps:.1f},{max_err:.3e},{runs},{commit},{min_us:.3f},{max_us:.3f},{peer.dtype}\n")
                 csv.flush()
             del q, k, v, d_o
     return 1 if failures else 0

@@ -51,6 +51,17 @@ for kind in training llama; do
         echo "render: $chart"
     done
 done
+# Stage 11's accuracy experiment, one chart per GPU that ran it (plots/fp8_accuracy.py).
+for csv in plots/data/*_fp8_accuracy.csv; do
+    chart=$outdir/$(basename "$csv" .csv).png
+    points=$(mktemp)
+    python3 plots/tables.py --fp8-accuracy "$csv" >"$points"
+    gpu=$(awk -F, 'NR == 2 { print $1 }' "$csv")
+    gnuplot -e "data='$points'; out='$chart'; gpu='$gpu'" plots/fp8_accuracy.gp
+    rm -f "$points"
+    [ -s "$chart" ] || { echo "render: $chart missing" >&2; exit 1; }
+    echo "render: $chart"
+done
 # The schematic timelines of the lessons, one per plots/timelines/<name>.dat: its "# title:" and
 # "# lanes:" lines name the figure and its rows.
 for data in plots/timelines/*.dat; do

@@ -10,6 +10,9 @@
                                            GPU's CSV (plots/data/<gpu>.csv), as one page OUT
     python3 plots/tables.py --roofline CSV the roofline's points of that GPU, one line per stage and
                                            D, for plots/roofline.gp
+    python3 plots/tables.py --fp8-accuracy CSV
+                                           the FP8 accuracy experiment's RMSEs, one line per method,
+                                           for plots/fp8_accuracy.gp
 
 A table lives in a Markdown file between <!-- measured:KEY:begin --> and <!-- measured:KEY:end -->;
 KEY is "course" (and "roofline", "training") in README.md and the stage's name, or the stage's name
@@ -116,6 +119,12 @@ def read_ablations(stage):
             fields = [f.strip() for f in line.split("|")]
             builds.append({"name": fields[0], "passes": fields[1].split(), "what": fields[3]})
     return {"builds": builds, "seqs": seqs, "small": small, "peer": peer}
+
+
+def ablations_gpu(stage):
+    """The CSV whose ablations companion holds a stage's ablation builds: the H100's, or the H200's
+    for a stage whose builds only the H200 measured."""
+    return H100 if any(r["stage"].split(".")[0] == stage for r in read_csv(companion(H100, "ablations"))) else H200
 
 
 def previous_stage(stage):
@@ -465,6 +474,35 @@ def ladder_table(csv_path, stage, direction, page=None):
 
 
 # ---------------------------------------------------------------------------------------------
+# The FP8 accuracy experiment (plots/fp8_accuracy.py): gpu,program,method,inputs,...,rmse,...
+FP8_ACCURACY = "plots/data/h200_fp8_accuracy.csv"
+
+
+def fp8_accuracy_points(path):
+    """(method, RMSE on N(0,1), RMSE with outliers) per program, in the CSV's order."""
+    rows = read_csv(path)
+    by = {(r["program"], r["inputs"]): r for r in rows}
+    programs = list(dict.fromkeys(r["program"] for r in rows))
+    return [(by[p, "normal"]["method"] if (p, "normal") in by else p,
+             by[p, "normal"]["rmse"] if (p, "normal") in by else "NaN",
+             by[p, "outliers"]["rmse"] if (p, "outliers") in by else "NaN") for p in programs]
+
+
+def fp8_accuracy_table(path):
+    """Stage 11's accuracy experiment: RMSE of O per method, on N(0,1) and with 0.1% outliers."""
+    rows = read_csv(path)
+    if not rows:
+        return no_data(path)
+    first = rows[0]
+    by_method = {method: program for program, method in
+                 ((r["program"], r["method"]) for r in rows)}
+    table = [[f"`{by_method[m]}`", m, normal, outliers] for m, normal, outliers in fp8_accuracy_points(path)]
+    return [f"RMSE of O against the float64 reference on the {first['gpu']}, B = {first['batch']}, H = {first['heads']}, "
+            f"S = {first['seq']}, D = {first['dim']}, non-causal, one run of `plots/fp8_accuracy.py` "
+            f"(commit {first['commit']}), from `{path}`:", ""] + markdown_table(
+        ["program", "method", "N(0,1)", "N(0,1) + N(0,100) Bernoulli(0.001)"], table, ["---", "---", "---:", "---:"])
+
+
 # Tables of Nsight Compute's metrics (plots/profiles.sh): gpu,build,kernel,dim,metric,value,unit,commit.
 
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(.*)_per_issue_active\.ratio$")
@@ -799,6 +837,8 @@ def blocks():
     yield ("stages/10_fa3_schedule/README.md", "10_fa3_schedule:vs_cudnn_profile",
            peer_profile_table(H100, "10_fa3_schedule:backward_dk_dv", "10_fa3_schedule.deterministic_dq:backward_dk_dv",
                               "10_fa3_schedule.deterministic_dq:backward_dq", "sdpa_cudnn:flash_bprop"))
+    yield "stages/11_fp8/README.md", "11_fp8:vs_stage10", ratio_table(H200, "11_fp8", "10_fa3_schedule")
+    yield "stages/11_fp8/README.md", "11_fp8:accuracy", fp8_accuracy_table(FP8_ACCURACY)
     yield "README.md", "roofline", roofline_table(H100)
     yield "README.md", "bf16", bf16_summary(H200)
     yield "README.md", "training", training_table(H200)
@@ -810,7 +850,7 @@ def blocks():
         stage, path = lesson.parent.name, str(lesson.relative_to(ROOT))
         yield path, stage, stage_table(lesson_gpu(stage), stage, "fwd")
         yield path, f"{stage}:bwd", stage_table(lesson_gpu(stage), stage, "bwd")
-        yield path, f"{stage}:ablations", ablation_table(H100, stage) or []
+        yield path, f"{stage}:ablations", ablation_table(ablations_gpu(stage), stage) or []
         yield path, f"{stage}:profile", profile_table(H100, stage)
         yield path, f"{stage}:ladder", ladder_table(H200, stage, "fwd") or []
         yield path, f"{stage}:ladder_bwd", ladder_table(H200, stage, "bwd") or []
@@ -829,7 +869,7 @@ def with_block(text, key, lines):
 def bench_csvs():
     """The benchmark's CSVs, plots/data/<gpu>.csv, without the others that share the folder."""
     return sorted(f"plots/data/{p.name}" for p in (ROOT / "plots" / "data").glob("*.csv")
-                  if not re.search(r"_(ceilings|ablations|ladders|bf16|profiles|training|overhead|llama)\.csv$", p.name))
+                  if not re.search(r"_(ceilings|ablations|ladders|bf16|profiles|training|overhead|llama|fp8_accuracy)\.csv$", p.name))
 
 
 def main(argv):
@@ -840,6 +880,10 @@ def main(argv):
     if mode == "--roofline" and len(argv) == 3:
         for point in roofline_points(argv[2]):
             print(" ".join(str(x) for x in point))
+        return 0
+    if mode == "--fp8-accuracy" and len(argv) == 3:
+        for label, normal, outliers in fp8_accuracy_points(argv[2]):
+            print(f'"{label}" {normal} {outliers}')
         return 0
     if mode not in ("--update", "--check"):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)

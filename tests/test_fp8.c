@@ -2,7 +2,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
 #include "fp8.h"
+#include "reference.h"
 #include "test_util.h"
 
 // Every finite e4m3 value, ascending (the 126 positive ones, zero, and their negatives).
@@ -82,14 +84,75 @@ static void test_hadamard(void) {
     }
 }
 
+// x / scale rounded to e4m3, times scale: a value as an FP8 kernel holds it.
+static double quantized(double x, double scale) { return e4m3_round(x / scale) * scale; }
+
+// What stage 11 computes, rounding for rounding, in float64: Q and K rotated (the method's), every
+// block of Q, K and V divided by its scale (ref_fp8_prepare's) and rounded to e4m3, P rounded to
+// e4m3 before P V, O to fp16. With `skip_tile`, keys 128 to 255 are left out: a wrong kernel.
+static void emulate(const attn_shape *s, const float *q, const float *k, const float *v, uint16_t *o, int skip_tile) {
+    const int S = s->seq, D = s->dim, blocks = (S + 127) / 128;
+    ref_fp8 *fp8 = ref_fp8_prepare(s, q, k, v);
+    const float *qr = fp8->q_rot ? fp8->q_rot : q, *kr = fp8->k_rot ? fp8->k_rot : k;
+    double p[512];
+    for (int hh = 0; hh < s->batch * s->heads; hh++)
+        for (int i = 0; i < S; i++) {
+            const size_t head = (size_t)hh * S * D;
+            const double sq = fp8->q_scale[hh * blocks + i / 128];
+            const int keys = s->causal ? i + 1 : S;
+            double row_max = -INFINITY, row_sum = 0.0;
+            for (int j = 0; j < keys; j++) {
+                double dot = 0.0;
+                for (int d = 0; d < D; d++)
+                    dot += quantized(qr[head + (size_t)i * D + d], sq) *
+                           quantized(kr[head + (size_t)j * D + d], fp8->k_scale[hh * blocks + j / 128]);
+                p[j] = dot / sqrt((double)D);
+                row_max = fmax(row_max, p[j]);
+            }
+            for (int j = 0; j < keys; j++) p[j] = exp(p[j] - row_max), row_sum += p[j];
+            for (int d = 0; d < D; d++) {
+                double acc = 0.0;
+                for (int j = 0; j < keys; j++)
+                    if (!(skip_tile && j >= 128 && j < 256))
+                        acc += e4m3_round(p[j]) * quantized(v[head + (size_t)j * D + d], fp8->v_scale[hh * blocks + j / 128]);
+                o[head + (size_t)i * D + d] = float_to_half((float)(acc / row_sum));
+            }
+        }
+    ref_fp8_free(fp8);
+}
+
+// The FP8 rule (check.h, reference.h) passes the emulated FP8 forward, per tensor and with block
+// scales and the rotation, and fails it with a key tile left out.
+static void test_rule(void) {
+    for (int method = 0; method < 2; method++)
+        for (int causal = 0; causal < 2; causal++) {
+            attn_shape s = {.batch = 1, .heads = 2, .seq = 300, .dim = 64, .causal = causal};
+            s.fp8 = method ? ATTN_FP8 | ATTN_FP8_BLOCK_SCALES | ATTN_FP8_HADAMARD : ATTN_FP8;
+            const size_t n = attn_elems(&s);
+            float *q = malloc(sizeof(float) * n), *k = malloc(sizeof(float) * n), *v = malloc(sizeof(float) * n);
+            uint16_t *o = malloc(sizeof(uint16_t) * n);
+            test_fill_normal(q, n, 1, 0.0, 1.0), test_fill_normal(k, n, 2, 0.0, 1.0), test_fill_normal(v, n, 3, 0.0, 1.0);
+            emulate(&s, q, k, v, o, 0);
+            check_result r = check_output(&s, q, k, v, o);
+            EXPECT(check_passed(&r), "method %d causal %d: the emulated FP8 forward fails (largest error %.2f of its bound)",
+                   method, causal, r.max_bound_ratio);
+            emulate(&s, q, k, v, o, 1);
+            r = check_output(&s, q, k, v, o);
+            EXPECT(!check_passed(&r), "method %d causal %d: a key tile left out passes (rel L2 %.3g, largest error %.2f of its bound)", method, causal, r.rel_l2_err, r.max_bound_ratio);
+            free(q), free(k), free(v), free(o);
+        }
+}
+
 int main(void) {
     test_codes();
     test_rounding();
     test_hadamard();
+    test_rule();
     if (test_failures) {
         printf("test_fp8: %d failures\n", test_failures);
         return 1;
     }
-    printf("test_fp8: e4m3 codes, rounding (ties to even, saturation) and the Walsh-Hadamard transform: ok\n");
+    printf("test_fp8: e4m3 codes, rounding (ties to even, saturation), the Walsh-Hadamard transform and the FP8 "
+           "rule (an emulated FP8 forward passes, one with a key tile left out fails): ok\n");
     return 0;
 }

@@ -21,12 +21,14 @@ from . import _library
 
 __all__ = ["attention", "scaled_dot_product_attention", "stages", "default_stage", "StageInfo"]
 
-StageInfo = collections.namedtuple("StageInfo", "name idea backward needs_sm90a bf16 grouped_heads strided kv_lengths")
+StageInfo = collections.namedtuple("StageInfo",
+                                   "name idea backward needs_sm90a bf16 grouped_heads strided kv_lengths fp8")
 StageInfo.__doc__ = """A stage: its name, its idea in one line, whether it has a backward pass (can
 train), whether it needs an H100/H200 (sm_90a instructions), whether it takes bf16 as well as fp16,
 whether its kernels take K and V with fewer heads than Q (grouped-query attention), whether they
 read tensors through their strides (a [batch, seq, heads, dim] tensor transposed, without a
-copy), and whether they take K and V of another length than Q (a KV cache, cross-attention)."""
+copy), whether they take K and V of another length than Q (a KV cache, cross-attention), and
+whether the forward multiplies in FP8 (e4m3, with fp16 in and out: its error is FP8's)."""
 
 # The element types the kernels take, as attn.h's attn_dtype numbers them.
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
@@ -35,7 +37,7 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 def stages():
     """The stages found, in course order. Any of them is a valid ``stage=`` of :func:`attention`."""
     return [StageInfo(s.name, s.idea, s.has_backward, s.needs_sm90a, s.runs_bf16, s.runs_gqa, s.runs_strided,
-                      s.runs_kv_seq)
+                      s.runs_kv_seq, bool(s.fp8))
             for s in _library.load_stages().values()]
 
 

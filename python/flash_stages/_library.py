@@ -29,6 +29,7 @@ class _StageTable(ctypes.Structure):
         ("runs_gqa", ctypes.c_int),
         ("runs_strided", ctypes.c_int),
         ("runs_kv_seq", ctypes.c_int),
+        ("fp8", ctypes.c_int),
     ]
 
 
@@ -74,6 +75,7 @@ class Stage:
         self.runs_gqa = bool(table.runs_gqa)
         self.runs_strided = bool(table.runs_strided)
         self.runs_kv_seq = bool(table.runs_kv_seq)
+        self.fp8 = table.fp8  # ATTN_FP8 | ...: products in e4m3 (common/attn.h)
 
 
 _stages = None

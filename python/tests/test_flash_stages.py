@@ -23,7 +23,9 @@ def runs_here(name):
 
 TRAINING_STAGES = [s.name for s in flash_stages.stages() if s.backward] if torch.cuda.is_available() else []
 BF16_STAGES = [s.name for s in flash_stages.stages() if s.bf16] if torch.cuda.is_available() else []
-FORWARD_STAGES = [s.name for s in flash_stages.stages() if not s.backward] if torch.cuda.is_available() else []
+# The FP8 stage's error is e4m3's, not fp16's: its harness checks it by its own rule (common/check.h).
+FORWARD_STAGES = ([s.name for s in flash_stages.stages() if not s.backward and not s.fp8]
+                  if torch.cuda.is_available() else [])
 
 
 def inputs(shape, seed=0, requires_grad=False, dtype=torch.float16):
