@@ -13,7 +13,8 @@
 # benchmark, build once (cmake --workflow --preset full), then run it as several commands on the
 # same machine with FLASH_STAGES_BIN=build/bin, for instance `--parts sweep --merge
 # 01_naive_3pass ... 05_wmma_qk`, then the other stages, then `--parts peers,ceilings --merge`
-# (the peers and the ceilings take no STAGE).
+# (the peers and the ceilings take no STAGE). --peers NAMES (comma-separated) times only those
+# peers (plots/peers.py --only), so that with --merge the other peers' rows stay as they were.
 #
 # Each measurement is checked against the float64 reference before it is timed; a stage that
 # cannot run a shape (memory, or unsupported) says so and the sweep goes on. Exit status is
@@ -24,16 +25,17 @@ source plots/gpu_slug.sh
 
 bin=${FLASH_STAGES_BIN:-build/bin}
 all_parts=sweep,peers,ablations,ladders,fp8,bf16,ceilings,overhead
-parts=$all_parts merge=0
+parts=$all_parts merge=0 only_peers=""
 while [ $# -gt 0 ]; do
     case $1 in
     --parts) parts=${2:?--parts needs a list}; shift 2 ;;
     --merge) merge=1; shift ;;
+    --peers) only_peers="--only ${2:?--peers needs a list}"; shift 2 ;;
     *) break ;;
     esac
 done
 stages=("$@")
-usage="usage: FLASH_STAGES_BIN=build/bin $0 [--parts $all_parts] [--merge] STAGE..."
+usage="usage: FLASH_STAGES_BIN=build/bin $0 [--parts $all_parts] [--peers NAMES] [--merge] STAGE..."
 for part in ${parts//,/ }; do
     [[ ",$all_parts," == *",$part,"* ]] || { echo "bench: unknown part '$part'; $usage" >&2; exit 2; }
 done
@@ -112,8 +114,8 @@ fi
 
 if has_part peers; then
     echo "bench: the peers on the same shapes (plots/peers.py), forward and backward"
-    python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt || failures=$((failures + 1))
-    python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt --backward || failures=$((failures + 1))
+    python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt $only_peers || failures=$((failures + 1))
+    python3 plots/peers.py --csv "$tmp" --shapes plots/shapes.txt --backward $only_peers || failures=$((failures + 1))
 fi
 merge_flag=()
 [ $merge = 1 ] && merge_flag=(--merge)

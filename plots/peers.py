@@ -4,8 +4,9 @@ scaled_dot_product_attention backends (flash, which is FlashAttention-2; cuDNN; 
 where it can be imported, FlashAttention-3 (`flash_attn_interface`, for instance from the PyPI
 package tokenspeed-fa3, a prebuilt FlashAttention-3 for the H100 and H200) and, forward only,
 cuDNN's FP8 attention (`cudnn`, from the PyPI package nvidia-cudnn-frontend: e4m3 Q, K and V with
-one scale per tensor, quantized once per shape outside the timed region, fp16 O; rows of dtype
-e4m3, checked against a looser sanity bound, FP8's).
+one scale per tensor, quantized once per shape outside the timed region; rows of dtype e4m3,
+checked against a looser sanity bound, FP8's). --only NAMES times only the peers named (comma-
+separated), so that a merge (bench.sh --peers) leaves the other peers' rows as they were.
 
 Same rules as the stages' harness (common/harness.c): random N(0,1) fp16 inputs, a check against
 float64 before timing, CUDA events, warm-up, the median of many runs, L2 flushed before each run,
@@ -93,11 +94,13 @@ class Peer:
     per shape, outside the timed region), whether it takes [B, S, H, D] rather than [B, H, S, D]
     (the inputs are then transposed once, outside the timed region), and the timed call,
     `call(q, k, v, causal)`, in the peer's own layout; the element type it multiplies (the CSV's
-    dtype column) and its sanity bound (absolute and relative, as ATOL and RTOL)."""
+    dtype column) and its sanity bound (absolute and relative, as ATOL and RTOL); and `to_half`,
+    which turns the call's output into fp16 for the check, outside the timed region."""
 
-    def __init__(self, name, context, bshd, call, dtype="fp16", tolerance=(ATOL, RTOL)):
+    def __init__(self, name, context, bshd, call, dtype="fp16", tolerance=(ATOL, RTOL), to_half=None):
         self.name, self.context, self.bshd, self.call = name, context, bshd, call
         self.dtype, self.tolerance = dtype, tolerance
+        self.to_half = to_half or (lambda out: out)
 
     def own_layout(self, t):
         """[B, H, S, D] to the peer's layout; a leaf that requires grad if t does."""
@@ -131,7 +134,8 @@ def cudnn_fp8_peer():
     """cuDNN's FP8 attention forward through nvidia-cudnn-frontend's graph API. Each shape's Q, K
     and V are quantized once (x / scale in e4m3, scale = amax / 448 per tensor) and its graph built
     once, outside the timed region, so the time is cuDNN's kernel alone; P is scaled by 448 into
-    e4m3 (P <= 1) and O comes out in fp16."""
+    e4m3 (P <= 1). On Hopper cuDNN writes O in e4m3 only (fp16 output needs Blackwell): O is scaled
+    by 448 / amax(V), since |O| <= amax(V), and turned back into fp16 for the check, untimed."""
     import contextlib
 
     import cudnn
@@ -146,17 +150,17 @@ def cudnn_fp8_peer():
     def prepare(q, k, v, causal):
         (q8, dq), (k8, dk), (v8, dv) = quantize(q), quantize(k), quantize(v)
         one = torch.ones(1, 1, 1, 1, device="cuda")
-        scale_s, descale_s = one * 448.0, one / 448.0
+        scale_s, descale_s, scale_o = one * 448.0, one / 448.0, 1.0 / dv
         graph = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT)
         q_t, k_t, v_t = (graph.tensor_like(t).set_data_type(cudnn.data_type.FP8_E4M3) for t in (q8, k8, v8))
-        scalars = [graph.tensor_like(t) for t in (dq, dk, dv, descale_s, scale_s, one)]
+        scalars = [graph.tensor_like(t) for t in (dq, dk, dv, descale_s, scale_s, scale_o)]
         o_t, _, amax_s_t, amax_o_t = graph.sdpa_fp8(
             q=q_t, k=k_t, v=v_t, descale_q=scalars[0], descale_k=scalars[1], descale_v=scalars[2],
             descale_s=scalars[3], scale_s=scalars[4], scale_o=scalars[5], generate_stats=False,
             attn_scale=1.0 / q.shape[-1] ** 0.5, use_causal_mask=bool(causal))
-        o = torch.empty_like(q)
-        o_t.set_output(True).set_dim(o.size()).set_stride(o.stride()).set_data_type(cudnn.data_type.HALF)
+        o = torch.empty_like(q, dtype=torch.float8_e4m3fn)
+        o_t.set_output(True).set_dim(o.size()).set_stride(o.stride()).set_data_type(cudnn.data_type.FP8_E4M3)
         amax_s, amax_o = torch.zeros_like(one), torch.zeros_like(one)
         for t in (amax_s_t, amax_o_t):
             t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
@@ -166,20 +170,25 @@ def cudnn_fp8_peer():
         graph.check_support()
         graph.build_plans()
         pack = {q_t: q8, k_t: k8, v_t: v8, o_t: o, amax_s_t: amax_s, amax_o_t: amax_o}
-        pack.update(zip(scalars, (dq, dk, dv, descale_s, scale_s, one)))
+        pack.update(zip(scalars, (dq, dk, dv, descale_s, scale_s, scale_o)))
         workspace = torch.empty(graph.get_workspace_size(), device="cuda", dtype=torch.uint8)
-        return graph, pack, workspace, o
+        return graph, pack, workspace, o, dv
 
     def call(q, k, v, causal):
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), tuple(q.shape), bool(causal))
         if key not in prepared:
             prepared.clear()  # one shape's buffers at a time
             prepared[key] = prepare(q, k, v, causal)
-        graph, pack, workspace, o = prepared[key]
+        graph, pack, workspace, o, _ = prepared[key]
         graph.execute(pack, workspace)
         return o
 
-    return Peer("cudnn_fp8", contextlib.nullcontext, False, call, dtype="e4m3", tolerance=(FP8_ATOL, FP8_RTOL))
+    def to_half(o):
+        o_scale = next(iter(prepared.values()))[4]  # O's scale: amax(V) / 448
+        return (o.float() * o_scale).half()
+
+    return Peer("cudnn_fp8", contextlib.nullcontext, False, call, dtype="e4m3", tolerance=(FP8_ATOL, FP8_RTOL),
+                to_half=to_half)
 
 
 def make_peers(backward=False):
@@ -223,7 +232,7 @@ def measure(peer, q, k, v, d_o, causal, backward, flush):
         if backward:
             max_err, ok = check_grads(q, k, v, d_o, grads, causal)
         else:
-            max_err, ok = check_error(q, k, v, peer.bhsd(out), causal, *peer.tolerance)
+            max_err, ok = check_error(q, k, v, peer.bhsd(peer.to_half(out)), causal, *peer.tolerance)
         if not ok:
             return f"FAILED check: max abs err {max_err:.3e}"
         ms, fastest_ms, slowest_ms, runs = timed_ms(run, before_each=lambda i: flush_and_spin(flush, i))
@@ -235,6 +244,7 @@ def main():
     parser.add_argument("--csv", required=True, help="CSV file to append rows to")
     parser.add_argument("--shapes", default=os.path.join(os.path.dirname(__file__), "shapes.txt"))
     parser.add_argument("--backward", action="store_true", help="time the backward pass")
+    parser.add_argument("--only", help="comma-separated peer names: time only these")
     args = parser.parse_args()
     torch = torch_on_gpu("peers", "no peer rows written")
     if torch is None:
@@ -245,6 +255,11 @@ def main():
     commit = os.environ.get("FLASH_STAGES_COMMIT", "unknown")
     flush = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device="cuda")
     peers = make_peers(args.backward)
+    if args.only:
+        peers = [p for p in peers if p.name in args.only.split(",")]
+        if not peers:
+            print(f"peers: none of {args.only} times the {'backward' if args.backward else 'forward'} here")
+            return 0
     print(f"peers: PyTorch {torch.__version__}, {gpu}: {', '.join(p.name for p in peers)}")
 
     new_file = not os.path.exists(args.csv) or os.path.getsize(args.csv) == 0
