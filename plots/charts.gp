@@ -9,7 +9,7 @@ stages = system("cat " . dir . "/stages.txt")
 peers = system("cat " . dir . "/peers.txt 2>/dev/null")
 load dir . "/peers.gp"
 peer_value(p, d, c) = value(sprintf("%s_D%d_c%d", p, d, c))
-peer_colors = "#d62728 #2ca02c #9467bd #8c564b"
+peer_colors = "#d62728 #2ca02c #9467bd #8c564b #e377c2"
 
 # 1. Each stage's TFLOP/s at S = 4096, log scale, with the PyTorch backends as dashed lines.
 set output out . "_progression.png"

@@ -838,6 +838,8 @@ def blocks():
            peer_profile_table(H100, "10_fa3_schedule:backward_dk_dv", "10_fa3_schedule.deterministic_dq:backward_dk_dv",
                               "10_fa3_schedule.deterministic_dq:backward_dq", "sdpa_cudnn:flash_bprop"))
     yield "stages/11_fp8/README.md", "11_fp8:vs_stage10", ratio_table(H200, "11_fp8", "10_fa3_schedule")
+    yield "stages/11_fp8/README.md", "11_fp8:vs_cudnn_fp8", ratio_table(H200, "11_fp8", "cudnn_fp8")
+    yield "stages/11_fp8/README.md", "11_fp8:cudnn_fp8_vs_stage10", ratio_table(H200, "cudnn_fp8", "10_fa3_schedule")
     yield "stages/11_fp8/README.md", "11_fp8:accuracy", fp8_accuracy_table(FP8_ACCURACY)
     yield "README.md", "roofline", roofline_table(H100)
     yield "README.md", "bf16", bf16_summary(H200)

@@ -89,7 +89,8 @@ static Fp8Tensors fp8_tensors(const attn_shape *s, void *scratch) {
     Fp8Tensors t;
     t.q8 = (uint8_t *)p, t.k8 = (uint8_t *)(p + z.qk), t.vt8 = (uint8_t *)(p + 2 * z.qk);
     t.q_scale = (float *)(p + 2 * z.qk + z.vt), t.k_scale = (float *)(p + 2 * z.qk + z.vt + z.scales);
-    t.v_scale = (float *)(p + 2 * z.qk + z.vt + 2 * z.scales), t.amax = (unsigned *)(p + 2 * z.qk + z.vt + 3 * z.scales);
+    t.v_scale = (float *)(p + 2 * z.qk + z.vt + 2 * z.scales);
+    t.amax = (unsigned *)(p + 2 * z.qk + z.vt + 3 * z.scales);
     t.blocks = ceil_div(s->seq, KEY_TILE), t.s_pad = t.blocks * KEY_TILE;
     return t;
 }
@@ -480,9 +481,12 @@ __device__ __forceinline__ float attend_in_order(float (&o_acc)[D / 2], float (&
 }
 
 // The consumer loop with FlashAttention-3's intra-warpgroup overlap (kOverlap, stage 10's):
-// tile 0's S and softmax first; then per key tile n, S_n and P_{n-1} V_{n-1} issued together, the
-// softmax of S_n run while P V is still in the tensor cores, then O rescaled and P_n packed once
-// P V is done. O and P's registers are never touched while a product reads or writes them.
+// tile 0's S and softmax first; then per key tile n, S_n and P_{n-1} V_{n-1} issued together, so
+// that the tensor cores go from one product to the next without waiting for a softmax; the
+// softmax of S_n, then O rescaled and P_n packed once P V is done. The source lets the softmax
+// run before the wait for P V, but ptxas places that wait after the first row maxima, ahead of
+// every exponential (docs/profiles/11_fp8_h200_loop_order.txt); the other warpgroup's products
+// are what runs under them. O and P's registers are never touched while a product uses them.
 template <int D>
 __device__ __forceinline__ float attend_overlapped(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                    const SharedTiles<D> &smem, const TileScales &scales, int n_tiles,
@@ -578,8 +582,9 @@ fp8_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         for (int e = 0; e < D / 2; e++) o_acc[e] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
         const size_t head_blocks = (size_t)work.head * fp8.blocks;
-        const TileScales scales = {fp8.k_scale + head_blocks, fp8.v_scale + head_blocks,
-                                   scale * 1.4426950408889634f * __ldg(&fp8.q_scale[head_blocks + work.q0 / BLOCK_ROWS])};
+        const TileScales scales = {
+            fp8.k_scale + head_blocks, fp8.v_scale + head_blocks,
+            scale * 1.4426950408889634f * __ldg(&fp8.q_scale[head_blocks + work.q0 / BLOCK_ROWS])};
         mbarrier_wait<true>(smem.q_full, 0);
         const float v_scale =
             kOverlap ? attend_overlapped<D>(o_acc, row_max, row_sum, smem, scales, work.n_tiles, S, causal, first_query,
