@@ -447,6 +447,7 @@ def ladder_table(csv_path, stage, direction, page=None):
     if not rows:
         return [f"_No ladder measurements committed yet ({path})._"]
     tf = {key_of(r): num(r, "tflops") for r in rows if int(r["seq"]) == 4096}
+    run = {key_of(r): r["commit"] for r in rows if int(r["seq"]) == 4096}  # the run that measured a cell
     ideas = ladder[direction]["ideas"]
     previous = previous_stage(stage)
     programs = ([(previous, f"stage {previous[:2]}", "the previous stage, as built", "")]
@@ -457,17 +458,28 @@ def ladder_table(csv_path, stage, direction, page=None):
         label = f"{k} (the stage)" if k == len(ideas) else str(k)
         programs.append((program, label, idea["idea"],
                          switch_lines(stage, idea["definitions"], page or f"stages/{stage}/README.md")))
-    table, above = [], None
+    table, above, runs = [], None, set()
     for program, label, idea, lines in programs:
         cells = []
         for D, c in CELLS:
-            x = tf.get((program, 4096, D, c, direction))
-            y = tf.get((above, 4096, D, c, direction)) if above else None
-            cells.append("-" if x is None else f"{x:.1f}" if y is None else f"{x:.1f} ({x / y:.2f}x)")
+            key, key_above = (program, 4096, D, c, direction), (above, 4096, D, c, direction)
+            x, y = tf.get(key), tf.get(key_above) if above else None
+            runs |= {run[key]} if x is not None else set()
+            if x is None:
+                cells.append("-")
+            elif y is None:
+                cells.append(f"{x:.1f}")
+            elif run[key] != run[key_above]:  # no ratio across two runs
+                cells.append(f"{x:.1f} (†)")
+            else:
+                cells.append(f"{x:.1f} ({x / y:.2f}x)")
         table.append([label, idea] + cells + [lines])
         above = program
+    measured = ("one run of `plots/ablations.py --ladders`" if len(runs) <= 1 else
+                f"{len(runs)} runs of `plots/ablations.py --ladders` (commits {', '.join(sorted(runs))}; † marks "
+                "a row measured in another run than the row above, so no ratio is given)")
     return [f"{'Forward' if direction == 'fwd' else 'Backward'} TFLOP/s at S = 4096 (B = 4, H*D = 2048) on the "
-            f"{rows[-1]['gpu']}, one run of `plots/ablations.py --ladders`, from `{path}`; in brackets the ratio to "
+            f"{rows[-1]['gpu']}, {measured}, from `{path}`; in brackets the ratio to "
             "the row above (below 1.00x: slower; within 3% of 1: noise):", ""] + \
         markdown_table(["step", "what the step adds (step 0: where it starts)"] + CELL_HEADER + ["the switch in the code"], table,
         ["---", "---"] + ["---:"] * 4 + ["---"])
