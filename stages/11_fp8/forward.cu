@@ -482,11 +482,12 @@ __device__ __forceinline__ float attend_in_order(float (&o_acc)[D / 2], float (&
 
 // The consumer loop with FlashAttention-3's intra-warpgroup overlap (kOverlap, stage 10's):
 // tile 0's S and softmax first; then per key tile n, S_n and P_{n-1} V_{n-1} issued together, so
-// that the tensor cores go from one product to the next without waiting for a softmax; the
-// softmax of S_n, then O rescaled and P_n packed once P V is done. The source lets the softmax
-// run before the wait for P V, but ptxas places that wait after the first row maxima, ahead of
-// every exponential (docs/profiles/11_fp8_h200_loop_order.txt); the other warpgroup's products
-// are what runs under them. O and P's registers are never touched while a product uses them.
+// that a key tile has one wait for the tensor cores, not two; the softmax of S_n, then O rescaled
+// and P_n packed once P V is done. The source lets the softmax run before the wait for P V, but
+// ptxas places that wait after the first row maxima, ahead of every exponential
+// (docs/profiles/11_fp8_h200_loop_order.txt): only the other warpgroup's products can run under
+// them, while the two warpgroups are out of step. O and P's registers are never touched while a
+// product uses them.
 template <int D>
 __device__ __forceinline__ float attend_overlapped(float (&o_acc)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                    const SharedTiles<D> &smem, const TileScales &scales, int n_tiles,
