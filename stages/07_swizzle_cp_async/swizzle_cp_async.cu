@@ -12,7 +12,7 @@
 //  - WMMA -> ldmatrix + mma.sync (PTX wrappers in common/mma_ptx.cuh);
 //  - tiles are stored unpadded with an XOR swizzle (16-byte chunk c of row r at c ^ (r % 8)),
 //    which ldmatrix can read conflict-free and WMMA's loads cannot;
-//  - K and V tiles arrive by cp.async into a 2-stage ring: tile j + 1 is in flight while tile j
+//  - K and V tiles arrive by cp.async into a 2-slot ring: tile j + 1 is in flight while tile j
 //    is multiplied, so the warps no longer wait for every load;
 //  - each warp owns 32 query rows (two 16-row mma tiles), so every K or V fragment read from
 //    shared memory feeds two MMAs: with 16 rows per warp, ldmatrix bandwidth, not the tensor
@@ -34,8 +34,8 @@
 #ifndef ROW_TILES
 #define ROW_TILES 2     // 16-row mma tiles per warp: each K/V fragment feeds ROW_TILES MMAs
 #endif
-#ifndef STAGES
-#define STAGES 2        // depth of the K/V cp.async ring (1: no copy in flight during math)
+#ifndef KV_SLOTS
+#define KV_SLOTS 2      // depth of the K/V cp.async ring (1: no copy in flight during math)
 #endif
 #ifndef EXP2
 #define EXP2 1          // exp2 with log2(e) folded into the scale (0: expf)
@@ -62,7 +62,7 @@ __device__ inline float softmax_exp(float x) { return kExp2 ? exp2f(x) : expf(x)
 
 template <int D> struct Layout {
     static constexpr int TILE = KEY_TILE * D;  // halves in one K or V tile
-    static constexpr size_t bytes = sizeof(__half) * (BLOCK_ROWS * D + 2 * STAGES * TILE);
+    static constexpr size_t bytes = sizeof(__half) * (BLOCK_ROWS * D + 2 * KV_SLOTS * TILE);
 };
 
 // Blocks per SM the registers must allow: at D = 64 a cap of 168 registers (no spills) fits 3
@@ -76,8 +76,8 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
     using L = Layout<D>;
     extern __shared__ __align__(128) unsigned char smem[];
     __half *q_tile = (__half *)smem;                 // [BLOCK_ROWS][D], swizzled
-    __half *k_ring = q_tile + BLOCK_ROWS * D;        // [STAGES][KEY_TILE][D], swizzled
-    __half *v_ring = k_ring + STAGES * L::TILE;      // [STAGES][KEY_TILE][D], swizzled
+    __half *k_ring = q_tile + BLOCK_ROWS * D;        // [KV_SLOTS][KEY_TILE][D], swizzled
+    __half *v_ring = k_ring + KV_SLOTS * L::TILE;    // [KV_SLOTS][KEY_TILE][D], swizzled
 
     const size_t head = head_offset(blockIdx.z, blockIdx.y, gridDim.y, S, D);
     // Causal blocks near the end of the sequence have the most tiles: launch them first, so the
@@ -96,7 +96,7 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
 
     // Prologue: group 0 = Q and tile 0, group s = tile s. Empty groups keep the count uniform.
     cp_async_tile<BLOCK_ROWS, D>(q_tile, q + head, q0, S);
-    for (int s = 0; s < STAGES; s++) {
+    for (int s = 0; s < KV_SLOTS; s++) {
         if (s < n_tiles) {
             cp_async_tile<KEY_TILE, D>(k_ring + s * L::TILE, k + head, s * KEY_TILE, S);
             cp_async_tile<KEY_TILE, D>(v_ring + s * L::TILE, v + head, s * KEY_TILE, S);
@@ -116,10 +116,10 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
     }
 
     for (int tile = 0; tile < n_tiles; tile++) {
-        cp_async_wait<STAGES - 1>();  // this thread's copies of `tile` (and Q) are done ...
-        __syncthreads();              // ... and everyone's
-        const __half *k_tile = k_ring + (tile % STAGES) * L::TILE;
-        const __half *v_tile = v_ring + (tile % STAGES) * L::TILE;
+        cp_async_wait<KV_SLOTS - 1>();  // this thread's copies of `tile` (and Q) are done ...
+        __syncthreads();                // ... and everyone's
+        const __half *k_tile = k_ring + (tile % KV_SLOTS) * L::TILE;
+        const __half *v_tile = v_ring + (tile % KV_SLOTS) * L::TILE;
         const int k0 = tile * KEY_TILE;
 
         // Causal: a diagonal tile can lie wholly above this warp's rows. Skip its math (the
@@ -218,11 +218,11 @@ swizzle_cp_async_kernel(const __half *q, const __half *k, const __half *v, __hal
             }
         }
 
-        __syncthreads();  // every warp is done with this stage: refill it with tile + STAGES
-        if (tile + STAGES < n_tiles) {
-            const int next = (tile + STAGES) * KEY_TILE;
-            cp_async_tile<KEY_TILE, D>(k_ring + (tile % STAGES) * L::TILE, k + head, next, S);
-            cp_async_tile<KEY_TILE, D>(v_ring + (tile % STAGES) * L::TILE, v + head, next, S);
+        __syncthreads();  // every warp is done with this slot: refill it with tile + KV_SLOTS
+        if (tile + KV_SLOTS < n_tiles) {
+            const int next = (tile + KV_SLOTS) * KEY_TILE;
+            cp_async_tile<KEY_TILE, D>(k_ring + (tile % KV_SLOTS) * L::TILE, k + head, next, S);
+            cp_async_tile<KEY_TILE, D>(v_ring + (tile % KV_SLOTS) * L::TILE, v + head, next, S);
         }
         cp_async_commit();
     }
@@ -258,7 +258,7 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 
 extern "C" const attn_stage STAGE = {
     .name = "07_swizzle_cp_async",
-    .idea = "ldmatrix + mma.sync with S and P in registers, XOR-swizzled tiles, a 2-stage cp.async ring",
+    .idea = "ldmatrix + mma.sync with S and P in registers, XOR-swizzled tiles, a 2-slot cp.async ring",
     .unsupported = unsupported_head_dim,
     .workspace_bytes = no_workspace,
     .shared_bytes = layout_shared_bytes<Layout>,

@@ -3,10 +3,10 @@
 //
 // The idea: in stage 07 every warp issued its share of the next tile's cp.async and the whole
 // block met at __syncthreads() twice per tile, so the slowest warp set everyone's pace. Here the
-// roles are split. The producer warp fills slot s of a STAGES-deep ring, and its copies arrive on
-// full[s] as they land (cp.async.mbarrier.arrive); a consumer warp waits on full[s], computes, and
-// arrives on empty[s]; the producer waits on empty[s] before refilling it. No block-wide barrier
-// remains inside the loop, and each consumer warp runs ahead as far as the ring allows.
+// roles are split. The producer warp fills slot s of a ring of SLOTS slots, and its copies arrive
+// on full[s] as they land (cp.async.mbarrier.arrive); a consumer warp waits on full[s], computes,
+// and arrives on empty[s]; the producer waits on empty[s] before refilling it. No block-wide
+// barrier remains inside the loop, and each consumer warp runs ahead as far as the ring allows.
 // What changed from stage 07: the producer warp and the full/empty mbarrier pair per slot (wrappers
 // in common/mma_ptx.cuh); seven consumer warps per block (224 query rows) and one block per SM
 // instead of four warps and 2-3 blocks; 128-key tiles at D = 64, and at D = 128 one slot of 64-key
@@ -35,7 +35,7 @@
 #include "stage08.h"
 
 // The configuration, per head dim, chosen by measurement (lesson; the ablation builds c3_b3 ...
-// c7_stages2 of stages/08_warp_specialized/ablations.txt are the others); each number can be set
+// c7_slots2 of stages/08_warp_specialized/ablations.txt are the others); each number can be set
 // with -D to rebuild the stage. An SM's registers sit in four
 // quarters, one per warp scheduler, and each warp takes all of its registers from one quarter, so
 // the cap per thread is set by the quarter with the most warps: a block of 7 consumers + 1
@@ -62,11 +62,11 @@
 #ifndef KEY_TILE_D128       // at D = 128, 224 rows of Q take 56 KB: one slot of 64 keys fits, or two of 32
 #define KEY_TILE_D128 (SPLIT_KV_D128 ? 64 : 32)
 #endif
-#ifndef STAGES_D64
-#define STAGES_D64 2        // ring slots: 2 of 128 keys (64 KB) fit beside Q's 28 KB
+#ifndef SLOTS_D64
+#define SLOTS_D64 2         // ring slots: 2 of 128 keys (64 KB) fit beside Q's 28 KB
 #endif
-#ifndef STAGES_D128
-#define STAGES_D128 (SPLIT_KV_D128 ? 1 : 2)
+#ifndef SLOTS_D128
+#define SLOTS_D128 (SPLIT_KV_D128 ? 1 : 2)
 #endif
 // With the mask, query blocks counted back from the end of the sequence, so that the padded block
 // is the shortest (1), or from its start, the padded block the longest (0).
@@ -108,17 +108,17 @@ constexpr bool kFixedAddresses = FIXED_ADDRESSES;
 
 template <int D> struct Config {
     static constexpr int KEY_TILE = D == 64 ? KEY_TILE_D64 : KEY_TILE_D128;
-    static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
+    static constexpr int SLOTS = D == 64 ? SLOTS_D64 : SLOTS_D128;
     static constexpr bool SPLIT_KV = D == 128 && SPLIT_KV_D128;  // K and V released apart
     static constexpr int BLOCK_ROWS = CONSUMERS * WARP_ROWS;
     static constexpr int THREADS = 32 * (CONSUMERS + 1);
     static constexpr int TILE = KEY_TILE * D;  // elements in one K or V tile
-    // HEADER bytes of mbarriers (full[STAGES], empty[STAGES], q_full, v_full[STAGES],
-    // v_empty[STAGES]), then the 2-byte tiles, each at a multiple of its row pitch (ELEM_BYTES D,
+    // HEADER bytes of mbarriers (full[SLOTS], empty[SLOTS], q_full, v_full[SLOTS],
+    // v_empty[SLOTS]), then the 2-byte tiles, each at a multiple of its row pitch (ELEM_BYTES D,
     // at most 256 bytes), as swizzled_step needs.
     static constexpr int HEADER = 256;
-    static constexpr size_t bytes = HEADER + ELEM_BYTES * (BLOCK_ROWS * D + 2 * STAGES * TILE);
-    static_assert(sizeof(uint64_t) * ((SPLIT_KV ? 4 : 2) * STAGES + 1) <= HEADER, "mbarriers overflow their header");
+    static constexpr size_t bytes = HEADER + ELEM_BYTES * (BLOCK_ROWS * D + 2 * SLOTS * TILE);
+    static_assert(sizeof(uint64_t) * ((SPLIT_KV ? 4 : 2) * SLOTS + 1) <= HEADER, "mbarriers overflow their header");
     static_assert(bytes <= 101376, "101,376 bytes is the per-block shared memory of sm_86 and sm_89");
     // A split padded block's merge: each warp's partial result (fp32, lane-major) goes where Q and
     // the ring were, which are free once every consumer has left the loop; as many as fit.
@@ -128,18 +128,18 @@ template <int D> struct Config {
 
 // The block's shared memory, in Config's order: the mbarriers' header, then Q and the K/V ring.
 template <typename Elem, int D> struct FwdSmem {
-    uint64_t *full;   // [STAGES]: slot s holds a landed tile (SPLIT_KV: its K tile)
-    uint64_t *empty;  // [STAGES]: every consumer is done with slot s (SPLIT_KV: with its K tile)
+    uint64_t *full;   // [SLOTS]: slot s holds a landed tile (SPLIT_KV: its K tile)
+    uint64_t *empty;  // [SLOTS]: every consumer is done with slot s (SPLIT_KV: with its K tile)
     uint64_t *q_full; // Q has landed
-    uint64_t *v_full, *v_empty;  // [STAGES] each, SPLIT_KV only: the same for the slot's V tile
+    uint64_t *v_full, *v_empty;  // [SLOTS] each, SPLIT_KV only: the same for the slot's V tile
     Elem *q_tile;     // [BLOCK_ROWS][D], swizzled
-    Elem *k_ring;     // [STAGES][KEY_TILE][D], swizzled
-    Elem *v_ring;     // [STAGES][KEY_TILE][D], swizzled
+    Elem *k_ring;     // [SLOTS][KEY_TILE][D], swizzled
+    Elem *v_ring;     // [SLOTS][KEY_TILE][D], swizzled
     __device__ explicit FwdSmem(unsigned char *smem) {
         using L = Config<D>;
-        full = (uint64_t *)smem, empty = full + L::STAGES, q_full = empty + L::STAGES;
-        v_full = q_full + 1, v_empty = v_full + L::STAGES;
-        q_tile = (Elem *)(smem + L::HEADER), k_ring = q_tile + L::BLOCK_ROWS * D, v_ring = k_ring + L::STAGES * L::TILE;
+        full = (uint64_t *)smem, empty = full + L::SLOTS, q_full = empty + L::SLOTS;
+        v_full = q_full + 1, v_empty = v_full + L::SLOTS;
+        q_tile = (Elem *)(smem + L::HEADER), k_ring = q_tile + L::BLOCK_ROWS * D, v_ring = k_ring + L::SLOTS * L::TILE;
     }
 };
 
@@ -181,14 +181,14 @@ __device__ __forceinline__ void copy_kv_tile(Elem *slot_tile, const Elem *head, 
 }
 
 // The producer warp's whole job: 32 lanes, 16 bytes per cp.async, zero-filling rows past the
-// block's rows or past S_kv. Tile t goes to slot t % STAGES once the consumers have released the
+// block's rows or past S_kv. Tile t goes to slot t % SLOTS once the consumers have released the
 // slot's previous tile (ring_wait_empty, mma_ptx.cuh). q_head and kv_head: where the block's query
 // head and the K/V head it reads start.
 template <typename Elem, int D>
 __device__ __forceinline__ void produce(const FwdSmem<Elem, D> &m, const Elem *q, const Elem *k, const Elem *v,
                                         size_t q_head, size_t kv_head, BlockRows rows, int S_kv, int lane) {
     using L = Config<D>;
-    constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
+    constexpr int KEY_TILE = L::KEY_TILE, SLOTS = L::SLOTS;
     for (int i = lane; i < L::BLOCK_ROWS * (D / 8); i += 32) {
         const int r = i / (D / 8), c = (i % (D / 8)) * 8;
         const bool valid = rows.q0 + r < rows.rows_end;
@@ -196,14 +196,14 @@ __device__ __forceinline__ void produce(const FwdSmem<Elem, D> &m, const Elem *q
     }
     cp_async_mbarrier_arrive(m.q_full);
     for (int tile = 0; tile < rows.n_tiles; tile++) {
-        const int slot = ring_wait_empty<STAGES, kWaitSuspend>(m.empty, tile);
+        const int slot = ring_wait_empty<SLOTS, kWaitSuspend>(m.empty, tile);
         const int k0 = tile * KEY_TILE;
         // K and V of the tile in one loop, or (SPLIT_KV) K alone, V once its slot is free.
         copy_kv_tile<D, KEY_TILE, !L::SPLIT_KV>(m.k_ring + slot * L::TILE, k + kv_head, m.v_ring + slot * L::TILE,
                                                 v + kv_head, k0, S_kv, lane);
         cp_async_mbarrier_arrive(&m.full[slot]);  // fires when this lane's copies have landed
         if constexpr (L::SPLIT_KV) {  // V's slot frees later than K's: after P V, not after S
-            ring_wait_empty<STAGES, kWaitSuspend>(m.v_empty, tile);
+            ring_wait_empty<SLOTS, kWaitSuspend>(m.v_empty, tile);
             copy_kv_tile<D, KEY_TILE, false>(m.v_ring + slot * L::TILE, v + kv_head, m.v_ring, v, k0, S_kv, lane);
             cp_async_mbarrier_arrive(&m.v_full[slot]);
         }
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(Config<D>::THREADS, MIN_BLOCKS)
 warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, float *lse_log2, int S, int S_kv,
                          int group, int first_head, float scale, int causal) {
     using L = Config<D>;
-    constexpr int KEY_TILE = L::KEY_TILE, STAGES = L::STAGES;
+    constexpr int KEY_TILE = L::KEY_TILE, SLOTS = L::SLOTS;
     extern __shared__ __align__(1024) unsigned char smem[];
     const FwdSmem<Elem, D> m(smem);
     // Query head head_index reads K/V head head_index / group (grouped-query attention).
@@ -468,7 +468,7 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
+        for (int s = 0; s < SLOTS; s++) {
             mbarrier_init(&m.full[s], 32);              // one arrival per producer lane
             mbarrier_init(&m.empty[s], 32 * CONSUMERS);  // one arrival per consumer thread
             if constexpr (L::SPLIT_KV) mbarrier_init(&m.v_full[s], 32), mbarrier_init(&m.v_empty[s], 32 * CONSUMERS);
@@ -495,7 +495,7 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
     const uint32_t v_b = b_frags_trans_address<D>(m.v_ring, 0, 0, lane);
     mbarrier_wait<kWaitSuspend>(m.q_full, 0);
     for (int tile = 0, my_next = w.share; tile < rows.n_tiles; tile++) {
-        const int slot = ring_wait_full<STAGES, kWaitSuspend>(m.full, tile);
+        const int slot = ring_wait_full<SLOTS, kWaitSuspend>(m.full, tile);
         const int k0 = tile * KEY_TILE;
         const bool mine = tile == my_next;  // this warp's share of the key tiles (all when not split)
         if (mine) my_next += w.splits;
@@ -526,7 +526,7 @@ warp_specialized_forward(const Elem *q, const Elem *k, const Elem *v, Elem *o, f
                 mask_scores<KEY_TILE>(s_acc, k0, first_last_key, S_kv, causal, g, t);
                 softmax_step<D, KEY_TILE>(s_acc, st, scale_log2);
             }
-            ring_wait_full<STAGES, kWaitSuspend>(m.v_full, tile);
+            ring_wait_full<SLOTS, kWaitSuspend>(m.v_full, tile);
             if (works)
                 accumulate_pv<Elem, D, KEY_TILE>(st.o_acc, s_acc, m.v_ring + slot * L::TILE, v_b + slot_bytes, lane);
             mbarrier_arrive(&m.v_empty[slot]);
