@@ -5,15 +5,17 @@
 //   2. P       = softmax(scores) by row in place
 //   3. O       = P V
 // What changed: nothing, this is the starting point every reader knows.
-// Limits: the S x S score matrix goes to global memory and back three times (write, read+write,
-// read), so memory traffic grows with S^2 and memory use too (17 GB at B=2, H=32, S=8192).
-// Kernel 1 and 3 read their operands straight from global memory, relying on the caches.
+// Limits: the S x S scores go through global memory: written by kernel 1, read three times and
+// written twice by kernel 2, read by kernel 3, so traffic and memory grow with S^2 (17 GB at B=2,
+// H=32, S=8192). Slower still is kernel 1's access pattern: a warp reads the same column of 32
+// different key rows, 32 cache lines a load, and the L1 cache sets the stage's time.
 #include <math.h>
 
 #include "kernel_common.cuh"
 
-// Kernel 1: one thread per score. Threads of a warp share the query row and read consecutive
-// key rows; the D-long dot product runs in fp32 from fp16 inputs.
+// Kernel 1: one thread per score, a warp = 32 consecutive keys of one query. q_row[d] is a
+// broadcast; the k_row[d] loads are 2*D bytes apart, 32 cache lines a load instruction: the L1
+// cache sets the pace (the lesson's profile). The dot product runs in fp32 from fp16 inputs.
 __global__ void scores_kernel(const __half *q, const __half *k, float *scores, int S, int D,
                               float scale, int causal, int bh0) {
     const int key = blockIdx.x * blockDim.x + threadIdx.x;

@@ -16,8 +16,10 @@
 #define KEY_TILE 32    // keys per shared-memory tile
 
 // Thread r reads row r of q_tile, all threads at the same column d at once. With a row stride of
-// D floats (a multiple of 32) those 32 reads fall in one bank; one float of padding per row puts
-// row r in bank (r + d) % 32. -DPAD_Q_ROWS=0 is the ablation build without it.
+// D floats (a multiple of 32) a warp's rows start in one bank and are 16-byte aligned, so the
+// compiler reads 4 floats at a time: a 32-way conflict, 8 passes a column. One float of padding
+// per row puts row r in bank (r + d) % 32: 1 pass a column, in scalar loads. -DPAD_Q_ROWS=0 is
+// the ablation build without it.
 #ifndef PAD_Q_ROWS
 #define PAD_Q_ROWS 1
 #endif
@@ -29,7 +31,7 @@ __global__ void __launch_bounds__(BLOCK_ROWS)
 scalar_tiled_kernel(const __half *q, const __half *k, const __half *v, __half *o, int S,
                     float scale, int causal) {
     extern __shared__ float smem[];
-    float *q_tile = smem;                              // [BLOCK_ROWS][D + 1]: thread r reads row r
+    float *q_tile = smem;                              // [BLOCK_ROWS][q_stride]: thread r reads row r
     float *k_tile = q_tile + BLOCK_ROWS * q_stride<D>();  // [KEY_TILE][D]: all threads read one row
     float *v_tile = k_tile + KEY_TILE * D;          // [KEY_TILE][D]
 
@@ -50,7 +52,9 @@ scalar_tiled_kernel(const __half *q, const __half *k, const __half *v, __half *o
         __syncthreads();
         for (int c = 0; c < KEY_TILE; c++) {
             const int key = k0 + c;
-            if (key >= S || (causal && key > query)) break;  // later keys are masked too
+            // Later keys are masked too. break, not return: the thread must still load the later
+            // tiles with the others and meet them at every __syncthreads().
+            if (key >= S || (causal && key > query)) break;
             row_max = fmaxf(row_max, scale * dot_row<D>(q_row, k_tile + c * D));
         }
     }
