@@ -10,10 +10,11 @@
 // (it stays at 32 at D = 128, see key_tile). Q, K, V are kept in shared memory as fp16 (what WMMA
 // reads); the score tile goes to shared memory as fp32, where two lanes per row run stage 04's
 // online softmax. The per-row state (max, sum, O accumulator) stays in shared memory, as in
-// stage 04.
+// stage 04; P goes back through shared memory too, where stage 04 kept it in registers.
 // Limits: P V is still scalar: 16 rows x D columns x KEY_TILE keys of fp32 FMAs per warp per
-// tile, two shared-memory loads each. Stage 06 puts P V on the tensor cores too. Shared memory
-// is kept within 101,376 bytes per block, the most that sm_86 and sm_89 GPUs allow.
+// tile, each with two shared-memory loads (P from s_tile, V), so the shared-memory pipe sets the
+// time. 62.2 / 77.6 KB per block allow only 3 / 2 blocks per SM, kept within 101,376 bytes, the
+// most that sm_86 and sm_89 GPUs allow. Stage 06 puts P V on the tensor cores too.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -112,8 +113,9 @@ wmma_qk_kernel(const __half *q, const __half *k, const __half *v, __half *o, int
             max_tile[my_row] = new_max;
         }
 
-        // O = alpha O + P V, scalar fp32: each lane updates every other column of its row, so the
-        // two lanes of a row read neighbouring halves of V (one 4-byte word: no bank conflict).
+        // O = alpha O + P V, scalar fp32. Lanes 2r and 2r + 1 take the even and odd columns d, so
+        // all 32 lanes read one word of V (a broadcast); the 16 rows' p_row[c] are LD_SCORE floats
+        // apart, two rows a bank (a 2-way conflict, where unpadded rows would make it 16-way).
         float *o_row = o_tile + my_row * L::LD_O;
         const float *p_row = s_tile + my_row * L::LD_SCORE;
         for (int d = half; d < D; d += 2) {
@@ -144,7 +146,7 @@ static cudaError_t forward(const attn_shape *s, const attn_tensors *t, cudaStrea
 
 extern "C" const attn_stage STAGE = {
     .name = "05_wmma_qk",
-    .idea = "S = QK^T on the tensor cores (WMMA, K read column-major), softmax and scalar PV as stage 04",
+    .idea = "S = QK^T on the tensor cores (WMMA, K read column-major), stage 04's softmax, scalar PV",
     .unsupported = unsupported_head_dim,
     .workspace_bytes = no_workspace,
     .shared_bytes = layout_shared_bytes<Layout>,

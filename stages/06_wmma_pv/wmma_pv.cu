@@ -17,8 +17,10 @@
 // What changed from stage 05: P is stored as fp16 (over the warp's own S rows); O moves from shared memory to
 // registers; P V is 4 x D/16 mma_sync per warp per 64-key tile instead of 64 x 16 x D scalar FMAs
 // (stage 05's D = 128 tiles hold 32 keys; with O in registers a 64-key tile fits at both D).
-// Limits: S and P still round-trip through shared memory; tiles are loaded synchronously, so
-// the warps wait for every K/V load (stage 07: cp.async pipeline and swizzled layouts).
+// Limits: S and P round-trip through shared memory; K/V tiles are loaded synchronously through
+// registers while the block waits; 152 registers and 70.4 KB per block hold the SM to 3 blocks
+// (12 warps) at D = 128, too few to hide those waits (stage 07: mma.sync with S and P in
+// registers, a cp.async ring, swizzled tiles).
 #include <math.h>
 #include <mma.h>
 
