@@ -11,14 +11,16 @@
 // What changed from stage 06:
 //  - WMMA -> ldmatrix + mma.sync (PTX wrappers in common/mma_ptx.cuh);
 //  - tiles are stored unpadded with an XOR swizzle (16-byte chunk c of row r at c ^ (r % 8)),
-//    which ldmatrix can read conflict-free and WMMA's loads cannot;
+//    which ldmatrix (one address per row) reads conflict-free; WMMA's load_matrix_sync, with its
+//    fixed row stride, cannot read it at all;
 //  - K and V tiles arrive by cp.async into a 2-slot ring: tile j + 1 is in flight while tile j
-//    is multiplied, so the warps no longer wait for every load;
+//    is multiplied (on the H100 within noise: the SM's other resident blocks already hide the
+//    copies);
 //  - each warp owns 32 query rows (two 16-row mma tiles), so every K or V fragment read from
 //    shared memory feeds two MMAs: with 16 rows per warp, ldmatrix bandwidth, not the tensor
 //    cores, set the pace;
 //  - exp2 with log2(e) folded into the scale; masks only on the tiles that need them; causal
-//    blocks launched longest first.
+//    blocks launched longest first; a warp skips a causal tile fully masked for its rows.
 // Limits: 128-row blocks leave SMs idle on small problems (B = 1, H = 8, S = 512 is 32 blocks for
 // 132 SMs); at D = 128 the 255-register cap allows only 2 blocks (8 warps) per SM and spills a
 // few registers; all warps load and compute in turn, so loads overlap math only through the ring
@@ -30,7 +32,7 @@
 
 // The ideas of this stage beyond the fragment layout, each of which an ablation build switches
 // off with -D (stages/07_swizzle_cp_async/ablations.txt; the swizzle's switch, SWIZZLE, is in
-// common/mma_ptx.cuh). The lesson's table measures what each is worth.
+// common/mma_ptx.cuh). The ladder and notes.md's ablation table measure what each is worth.
 #ifndef ROW_TILES
 #define ROW_TILES 2     // 16-row mma tiles per warp: each K/V fragment feeds ROW_TILES MMAs
 #endif
