@@ -103,7 +103,7 @@ typedef struct attn_stage {
     // NULL when the stage can run `shape`, otherwise a sentence that says why not.
     const char *(*unsupported)(const attn_shape *shape);
     // Device memory the forward pass writes (0 for none): its own temporaries (stage 01's S x S
-    // scores), or what it leaves for the backward to read (stages 08 and 09: the row log-sum-exp).
+    // scores), or what it leaves for the backward to read (stages 08 and 10: the row log-sum-exp).
     size_t (*workspace_bytes)(const attn_shape *shape);
     // The most dynamic shared memory one block of any of the stage's kernels asks for at this
     // shape (0 for none). The harness compares it with the GPU's per-block limit before launching.
