@@ -65,8 +65,8 @@ constexpr int kCopyThreads = FIXED_COPIES ? 256 : 0;  // backward_dk_dv's block 
 __device__ inline float exp2_of(float x) { return kEx2Approx ? exp2_approx(x) : exp2f(x); }
 // backward_dk_dv's walked query tile at D = 128: 64 rows in a ring of one slot, the next tile's Q
 // and dO copied once every warp is done with dK and dV, under dQ's product (1); or 32 rows in a
-// ring of two slots (0). 101,376 bytes hold either; the taller tile halves the block barriers per
-// product and lets four warps, not eight, share each Q and dO fragment load.
+// ring of two slots (0). 101,376 bytes hold either; the taller tile needs three block barriers per
+// 64 rows instead of four, and each Q and dO fragment is loaded by four warps, not eight.
 #ifndef TALL_WALK_D128
 #define TALL_WALK_D128 1
 #endif
@@ -87,8 +87,8 @@ template <int D, int TILES>
 __host__ __device__ constexpr int walk_rows() { return D == 64 && TILES == 1 ? 64 : 32; }
 
 // backward_dk_dv's block and its warps' tiles. Shared memory: the block's K tile (S's and dQ's B
-// operand), a 2-slot cp.async ring of walked query tiles (Q, dO and the tile's lse and delta),
-// and P and dS of one walked tile ([WALK][OWN] each, queries as rows). V is only ever the B
+// operand), a cp.async ring of SLOTS walked query tiles (2; 1 at D = 128; each Q, dO and the
+// tile's lse and delta), and P and dS of one walked tile ([WALK][OWN] each, queries as rows). V is only ever the B
 // operand of dP, for the keys of the warp's S tile, so it lives in registers: it passes through
 // the ring's memory once, before the walk starts.
 template <int D> struct DkDvConfig {
@@ -288,7 +288,7 @@ __device__ inline void load_query_tile(unsigned char *slot, const Elem *q_head, 
 
 // dK, dV (and with ATOMIC dQ's share) for the OWN keys of a block of one K/V head; the query tiles
 // of every query head that reads it (`group` of them, grouped-query attention) stream through a
-// 2-slot cp.async ring, one walk after the other. KEYS_PAST_S: S_kv is not a multiple of OWN, so
+// cp.async ring (SLOTS slots), one walk after the other. KEYS_PAST_S: S_kv is not a multiple of OWN, so
 // each head's last key block has keys past S_kv to mask in every tile; chosen per launch, as
 // FlashAttention-2's Is_even_MN, so that the blocks of a length with no such keys carry no test.
 template <typename Elem, int D, bool ATOMIC, bool KEYS_PAST_S>
@@ -300,7 +300,7 @@ backward_dk_dv(const Elem *q, const Elem *k, const Elem *v, const Elem *d_o, con
     constexpr int QT = L::WALK, OWN = L::OWN, SDP_NT = L::SDP_COLS / 8, DQ_NT = L::DQ_COLS / 8, KV_NT = L::KV_COLS / 8;
     extern __shared__ __align__(1024) unsigned char smem[];
     Elem *k_tile = (Elem *)smem;                            // [OWN][D]
-    unsigned char *ring = (unsigned char *)(k_tile + OWN * D);  // [2][Q tile, dO tile, lse, delta]
+    unsigned char *ring = (unsigned char *)(k_tile + OWN * D);  // [SLOTS][Q tile, dO tile, lse, delta]
     Elem *p_tile = (Elem *)(ring + L::SLOTS * L::SLOT);     // [QT][OWN]: P, queries as rows
     Elem *ds_tile = p_tile + QT * OWN;                        // [QT][OWN]: dS
 
