@@ -1,6 +1,6 @@
-// Stage 10, backward - FlashAttention-2's backward pass on Hopper, with FlashAttention-3's five
-// products: wgmma, a TMA producer warpgroup and two consumer warpgroups per block (the forward's
-// structure).
+// Stage 10, backward - FlashAttention-2's backward pass and its five products on Hopper, with
+// dQ added by bulk reductions as FlashAttention-3 does: wgmma, a TMA producer warpgroup and two
+// consumer warpgroups per block (the forward's structure).
 //
 // The idea: the forward saved only O and each row's log-sum-exp, so P is recomputed tile by tile
 // (P = 2^(S scale log2 e - lse_log2)) instead of being stored (S x S). Then
