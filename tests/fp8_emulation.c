@@ -1,8 +1,9 @@
 // fp8_emulation.c - how much error FP8 inputs add to attention, emulated on the CPU: the RMSE of
 // O against float64 attention on the same fp16 inputs, for the methods of FlashAttention-3's
-// accuracy experiment (Shah et al. 2024, section 4.3): fp16; P alone in e4m3; e4m3 with one scale per tensor;
-// e4m3 with one scale per block of 128 rows; and block scales after incoherent processing (Q and
-// K rotated by one random-sign Hadamard transform, which leaves every score unchanged). P goes
+// accuracy experiment (Shah et al. 2024, section 4.3): fp16; P alone in e4m3; e4m3 with one scale
+// per head (the kernel's per-tensor method takes one across all heads); e4m3 with one scale per
+// block of 128 rows; and block scales after incoherent processing (Q and K rotated by one
+// random-sign Hadamard transform, which leaves every score unchanged). P goes
 // to the products in the kernel's format (fp16, or e4m3 unscaled, as FlashAttention-3's FP8
 // forward does: P <= 1), and each row's sum is taken from P before that rounding.
 //
@@ -21,10 +22,16 @@
 #include "fp8.h"
 #include "half.h"
 
-enum { FP16, P_ONLY, PER_TENSOR, PER_BLOCK, BLOCK_HADAMARD, METHODS };
+// The methods of the experiment, then three that take it apart: what the rotation does without
+// block scales, what e4m3 does with no scale at all, and block scales whose largest value is not
+// stored exactly (amax maps to 437, which rounds to 448, where as built it maps to 448 itself).
+enum { FP16, P_ONLY, PER_HEAD, PER_BLOCK, BLOCK_HADAMARD, HEAD_HADAMARD, NO_SCALE, BLOCK_INEXACT_MAX, METHODS };
 static const char *METHOD_NAMES[METHODS] = {"fp16", "fp16 Q, K, V; P in e4m3 (P's share)",
-                                            "e4m3, one scale per tensor", "e4m3, a scale per 128 rows",
-                                            "e4m3, a scale per 128 rows, Hadamard on Q and K"};
+                                            "e4m3, one scale per head", "e4m3, a scale per 128 rows",
+                                            "e4m3, a scale per 128 rows, Hadamard on Q and K",
+                                            "e4m3, one scale per head, Hadamard on Q and K",
+                                            "e4m3, no scale (scale 1)",
+                                            "e4m3, a scale per 128 rows, amax to 437"};
 #define BLOCK_ROWS 128
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -45,13 +52,14 @@ static void draw(double *x, size_t n, int outliers) {
     }
 }
 
-// x [rows, D] quantized to e4m3 with one scale per block of `block` rows (block = rows: one per tensor).
-static void quantize(double *x, int rows, int D, int block) {
+// x [rows, D] quantized to e4m3 with one scale per block of `block` rows (block = rows: one per
+// tensor), the block's amax mapped to `top` (E4M3_MAX as built; 0: no scale at all).
+static void quantize(double *x, int rows, int D, int block, double top) {
     for (int r0 = 0; r0 < rows; r0 += block) {
         const size_t begin = (size_t)r0 * D, end = (size_t)(r0 + block < rows ? r0 + block : rows) * D;
         double amax = 0.0;
         for (size_t i = begin; i < end; i++) amax = fmax(amax, fabs(x[i]));
-        const double scale = amax > 0.0 ? amax / E4M3_MAX : 1.0;
+        const double scale = amax > 0.0 && top > 0.0 ? amax / top : 1.0;
         for (size_t i = begin; i < end; i++) x[i] = e4m3_round(x[i] / scale) * scale;
     }
 }
@@ -117,11 +125,12 @@ int main(int argc, char **argv) {
         attention(q, k, v, o_ref, S, D, NULL);
         for (int m = 0; m < METHODS; m++) {
             memcpy(qm, q, sizeof(double) * n), memcpy(km, k, sizeof(double) * n), memcpy(vm, v, sizeof(double) * n);
-            if (m == BLOCK_HADAMARD)
+            if (m == BLOCK_HADAMARD || m == HEAD_HADAMARD)
                 for (int r = 0; r < S; r++) incoherent_row(qm + (size_t)r * D, signs, D), incoherent_row(km + (size_t)r * D, signs, D);
             if (m != FP16 && m != P_ONLY) {
-                const int block = m == PER_TENSOR ? S : BLOCK_ROWS;
-                quantize(qm, S, D, block), quantize(km, S, D, block), quantize(vm, S, D, block);
+                const int block = m == PER_HEAD || m == HEAD_HADAMARD ? S : BLOCK_ROWS;
+                const double top = m == NO_SCALE ? 0.0 : m == BLOCK_INEXACT_MAX ? 437.0 : E4M3_MAX;
+                quantize(qm, S, D, block, top), quantize(km, S, D, block, top), quantize(vm, S, D, block, top);
             }
             attention(qm, km, vm, o, S, D, m == FP16 ? fp16_round : e4m3_round);
             for (size_t i = 0; i < n; i++) squares[m] += (o[i] - o_ref[i]) * (o[i] - o_ref[i]);
