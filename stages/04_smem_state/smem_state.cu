@@ -68,7 +68,7 @@ smem_state_kernel(const __half *q, const __half *k, const __half *v, __half *o, 
             tile_max = fmaxf(tile_max, scores[c]);
         }
         // Tile 0 holds key 0, which no row masks, so new_max is finite from the first tile on
-        // and exp(row_max - new_max) never sees -inf - -inf.
+        // and exp(row_max - new_max) never computes -inf - (-inf), which is NaN.
         const float new_max = fmaxf(*row_max, tile_max);
         const float alpha = expf(*row_max - new_max);  // 0 on the first tile (row_max = -inf)
         float tile_sum = 0.0f;
