@@ -33,7 +33,7 @@ inline RowLayout row_layout(attn_strides given, int heads, int seq, int dim) {
 // A grid of one block per (tile, head) puts the tiles of one head's rows along x and the B * H
 // heads along y and z; its kernels number a block's head blockIdx.z * gridDim.y + blockIdx.y. CUDA
 // allows at most 65,535 blocks along y and along z, so a launcher covers the heads in chunks of
-// y * z heads, each launch given its tensors from the chunk's first head on (or, in stage 10, the
+// y * z heads, each launch given its tensors from the chunk's first head on (or, in stages 08 and 10, the
 // whole tensors and the chunk's first head, from which its kernels number heads): one chunk up to
 // 65,535 heads, two up to 65,535^2 (more than the INT_MAX elements that stage_check.c allows).
 typedef struct {
@@ -107,11 +107,12 @@ inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, int th
     return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-// The signature every fused stage's kernel has (stages 02 on).
+// The signature of the fused kernels of stages 02 to 07, which launch_attention launches (stages
+// 08 on launch kernels of their own, with their own parameters).
 typedef void (*attention_kernel)(const __half *q, const __half *k, const __half *v, __half *o, int S,
                                  float scale, int causal);
 
-// Launch a fused attention kernel the way every stage from 02 on does: one block per
+// Launch a fused attention kernel the way stages 02 to 07 do: one block per
 // (query tile of `block_rows` rows, head), in chunks of heads (head_chunk), `threads` threads,
 // `smem` bytes of dynamic shared memory (the limit raised where needed), softmax scale 1/sqrt(D).
 inline cudaError_t launch_attention(attention_kernel kernel, int block_rows, int threads, size_t smem,
@@ -154,8 +155,9 @@ inline float *workspace_lse(const attn_shape *, const attn_tensors *t) { return 
 
 // The backward's scratch starts with delta_i = rowsum(dO * O), delta[B*H*S] (float), which the
 // backward computes first (backward_common.cuh) and which dies with it. A backward that sums dQ
-// across blocks with atomics puts a float dQ accumulator [B, H, S, D] after it, 256-byte aligned
-// for the vector atomics (backward_common.cuh turns it into fp16).
+// across blocks with atomics puts a float dQ accumulator after it, 256-byte aligned for the vector
+// atomics: stage 08's [B, H, S, D] (backward_common.cuh turns it into fp16 or bf16); stage 10's has
+// its own size and order (backward.cu: dq_stage_index).
 inline size_t delta_scratch_bytes(const attn_shape *s) { return sizeof(float) * attention_rows(s); }
 inline float *scratch_delta(const attn_shape *, const attn_tensors *t) { return (float *)t->backward_scratch; }
 inline size_t dq_accum_offset(const attn_shape *s) { return (delta_scratch_bytes(s) + 255) / 256 * 256; }

@@ -1,4 +1,4 @@
-// wgmma_ptx.cuh - wrappers over the Hopper (sm_90a) instructions stage 09 uses: wgmma (warpgroup
+// wgmma_ptx.cuh - wrappers over the Hopper (sm_90a) instructions stages 09 to 11 use: wgmma (warpgroup
 // matrix multiply-accumulate, operands read from shared memory by the tensor cores), the copy
 // engine's tiled loads (TMA, cp.async.bulk.tensor) that complete on an mbarrier, its tiled stores
 // and bulk reductions, setmaxnreg, the dependent-launch controls (griddepcontrol), and the
@@ -13,7 +13,7 @@
 //
 // Shared-memory operands are described by a 64-bit descriptor, not by per-lane addresses. Every
 // tile here uses the 128-byte swizzle, which is also what TMA writes with
-// CU_TENSOR_MAP_SWIZZLE_128B: a tile is stored as slabs of 64 fp16 columns (128 bytes a row),
+// CU_TENSOR_MAP_SWIZZLE_128B: a tile is stored as slabs of 64 two-byte (fp16 or bf16) columns (128 bytes a row),
 // and inside a slab the 16-byte chunk c of row r sits at chunk c ^ (r % 8) - stage 07's swizzle,
 // with the row pitch fixed at 128 bytes. 8 rows form a 1024-byte atom; tiles start 1024-aligned.
 //   K-major operand (rows of the tile are M or N, the 64 contiguous columns are K): the k-th
@@ -79,10 +79,10 @@ __device__ inline void fence_operands(float *acc) {
 // The barriers of a producer/consumer ring fed by TMA, set up by thread 0 before the block
 // syncs: full[s] completes on the producer's expect_tx arrival plus the bytes; empty[s] on one
 // arrival per consumer warp; `once` guards the tiles loaded a single time (one arrival + bytes).
-__device__ inline void init_tma_ring(uint64_t *full, uint64_t *empty, int stages, int consumer_warps,
+__device__ inline void init_tma_ring(uint64_t *full, uint64_t *empty, int slots, int consumer_warps,
                                      uint64_t *once) {
     if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++) {
+        for (int s = 0; s < slots; s++) {
             mbarrier_init(&full[s], 1);
             mbarrier_init(&empty[s], consumer_warps);
         }
@@ -357,7 +357,9 @@ __device__ inline void wgmma_m64k16_rs(float *d, const uint32_t a[4], uint64_t d
 }
 
 // Descriptors of the k-th 16-wide step of an operand kept in a [D/64][ROWS][64] swizzled tile.
-// K-major (the tile's columns are K; rows row0.. are M or N, row0 a multiple of 8):
+// K-major (the tile's columns are K; rows row0.. are M or N, row0 a multiple of 8). A 16-wide step
+// lies inside one 128-byte row, so the leading byte offset is ignored (16, encoded 1, as CUTLASS
+// writes it); the stride byte offset, 1024, steps from one 8-row atom to the next.
 template <int ROWS, typename Elem>
 __device__ inline uint64_t desc_k_major(const Elem *tile, int row0, int kk) {
     return smem_desc_sw128(tile + (kk / 4) * ROWS * 64 + row0 * 64 + (kk % 4) * 16, 16, 1024);
@@ -382,7 +384,8 @@ __device__ inline void pack_a_frags(uint32_t frag[N / 16][4], const float *acc) 
 // K-major (the instruction has no transpose for 8-bit types). A row of 128 one-byte values is one
 // 128-byte swizzled row; a row of 64 uses the 64-byte swizzle (atoms of 8 rows x 64 bytes, 512
 // bytes apart), which TMA writes with CU_TENSOR_MAP_SWIZZLE_64B. The k-th 32-wide step starts 32 k
-// bytes into the row, as fp16's 16-wide steps do.
+// bytes into the row, as fp16's 16-wide steps do. As in desc_k_major, the leading byte offset is
+// ignored (1 << 16: 16 bytes), and the stride byte offset is one atom of 8 rows (8 ROW_BYTES).
 template <int ROW_BYTES>
 __device__ inline uint64_t desc_k_major_fp8(const uint8_t *tile, int row0, int kk) {
     static_assert(ROW_BYTES == 64 || ROW_BYTES == 128, "one 64- or 128-byte swizzled row");

@@ -17,7 +17,9 @@
 // producer warp's cp.async; wgmma reading shared memory instead of ldmatrix + mma.sync; setmaxnreg;
 // warpgroups instead of warps; 128-row query tiles (64 rows per warpgroup) and 128-key tiles; the
 // 128-byte swizzle that TMA writes and wgmma reads (common/wgmma_ptx.cuh). The online softmax is
-// stage 08's. Forward only: no backward pass, so no log-sum-exp is kept for one.
+// stage 08's, with exp2f for 2^x where stage 08 has ex2.approx. Forward only: no backward pass, so
+// no log-sum-exp is kept for one; and Q, K and V of one shape: none of stage 08's grouped K/V heads
+// or K/V of another length.
 // Limits: no overlap inside a warpgroup: each step waits for the one before, so the tensor cores
 // wait while a warpgroup runs its softmax (unless the other warpgroup has a product in flight),
 // and the softmax waits for the products (stage 10 overlaps them); one query tile per block, so
@@ -87,8 +89,9 @@ template <typename Elem, int D> struct SharedTiles {
 };
 
 // What a block computes: query tile q0 / BLOCK_ROWS of one head and the key tiles it walks, the
-// same for both roles. With the mask, a head's tiles are numbered from its last, so that the
-// blocks with the longest walks start first and the short ones fill the SMs in at the end.
+// same for both roles. With the mask, a head's tiles are numbered from its last, so that within a
+// head the blocks with the longest walks start first; the heads still start one after the other,
+// so the launch ends on the last head's short walks.
 struct BlockWork {
     int head, q0, n_tiles;
 };

@@ -146,7 +146,7 @@ constexpr bool kCrossTileOverlap = CROSS_TILE_OVERLAP;
 constexpr bool kExpandGroups = EXPAND_GROUPS;
 
 // Shared memory of both kernels: two owned [D/64][BWD_OWN][64] tiles (Q and dO, or K and V), a
-// ring of STAGES pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
+// ring of SLOTS pairs of walked [D/64][BWD_WALK][64] tiles, each warpgroup's two slots of the
 // walked rows' lse and delta ([BWD_GROUPS][2][2][BWD_WALK] floats, backward_dk_dv); with atomic dQ
 // two [BWD_OWN][64] tiles of dSᵀ (keys as rows; one per walked tile, alternating) and, staged for
 // the bulk reductions (kBulkReduceDq), DQ_SLOTS slots of a walked tile's dQ in float
@@ -155,7 +155,7 @@ constexpr bool kExpandGroups = EXPAND_GROUPS;
 template <int D> struct BwdLayout {
     // Walked-tile slots: four at D = 64, where they fit beside the dQ staging, so that the
     // producer can run further ahead of the consumers; two at D = 128, where a third does not fit.
-    static constexpr int STAGES = D == 64 ? 4 : 2;
+    static constexpr int SLOTS = D == 64 ? 4 : 2;
     static constexpr int OWN_ELEMS = BWD_OWN * D;
     static constexpr int WALK_ELEMS = BWD_WALK * D;
     static constexpr int DS_ELEMS = kAtomicDq ? BWD_OWN * BWD_WALK : 0;
@@ -167,9 +167,9 @@ template <int D> struct BwdLayout {
     static constexpr int DQ_STAGE_ELEMS = kAtomicDq && kBulkReduceDq ? DQ_SLOTS * DQ_GROUP_TILES * DQ_TILE_ELEMS : 0;
     static constexpr int STATS_ELEMS = BWD_GROUPS * 2 * 2 * BWD_WALK;
     static constexpr size_t bytes = 1024 +
-                                    ELEM_BYTES * (2 * OWN_ELEMS + 2 * STAGES * WALK_ELEMS + 2 * DS_ELEMS) +
+                                    ELEM_BYTES * (2 * OWN_ELEMS + 2 * SLOTS * WALK_ELEMS + 2 * DS_ELEMS) +
                                     sizeof(float) * (DQ_STAGE_ELEMS + STATS_ELEMS) +
-                                    sizeof(uint64_t) * (2 * STAGES + 1 + 2 * DQ_SLOTS);
+                                    sizeof(uint64_t) * (2 * SLOTS + 1 + 2 * DQ_SLOTS);
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
@@ -197,9 +197,9 @@ __host__ __device__ inline void dq_stage_position(int vec, int *row, int *col) {
 
 // The producer/consumer frame both kernels share. The producer thread loads the two owned tiles
 // (rows own0.., onto own_full) and then, for each step i = 0, 1, ... of the walk (BwdWalk), that
-// step's 64 rows of the two walked tensors into ring slot i % STAGES.
+// step's 64 rows of the two walked tensors into ring slot i % SLOTS.
 template <typename Elem> struct BwdSmem {
-    Elem *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [STAGES][tile]
+    Elem *own_a, *own_b, *walk_a, *walk_b;  // walk_*: [SLOTS][tile]
     Elem *ds;                               // [2][BWD_OWN][64]: dSᵀ (atomic dQ only)
     float *dq_stage;                          // [DQ_SLOTS][DQ_GROUP_TILES][DQ_TILE_ELEMS] (atomic dQ)
     float *stats;                             // [BWD_GROUPS][2][2][BWD_WALK]: walked rows' lse, delta
@@ -214,13 +214,13 @@ __device__ inline BwdSmem<Elem> bwd_smem(unsigned char *raw) {
     m.own_a = (Elem *)smem_align_1024(raw);
     m.own_b = m.own_a + L::OWN_ELEMS;
     m.walk_a = m.own_b + L::OWN_ELEMS;
-    m.walk_b = m.walk_a + L::STAGES * L::WALK_ELEMS;
-    m.ds = m.walk_b + L::STAGES * L::WALK_ELEMS;
+    m.walk_b = m.walk_a + L::SLOTS * L::WALK_ELEMS;
+    m.ds = m.walk_b + L::SLOTS * L::WALK_ELEMS;
     m.dq_stage = (float *)(m.ds + 2 * L::DS_ELEMS);
     m.stats = m.dq_stage + L::DQ_STAGE_ELEMS;
     m.full = (uint64_t *)(m.stats + L::STATS_ELEMS);
-    m.empty = m.full + L::STAGES;
-    m.own_full = m.empty + L::STAGES;
+    m.empty = m.full + L::SLOTS;
+    m.own_full = m.empty + L::SLOTS;
     m.dq_full = m.own_full + 1;
     m.dq_empty = m.dq_full + L::DQ_SLOTS;
     return m;
@@ -253,7 +253,7 @@ __device__ inline void bwd_produce(const BwdSmem<Elem> &m, const CUtensorMap *ow
         tma_load_4d(m.own_b + c * BWD_OWN * 64, own_b, c * 64, own0, own_at.head, own_at.batch, m.own_full);
     }
     for (int w = 0; w < walk.steps(); w++) {
-        const int slot = ring_wait_empty<L::STAGES, true>(m.empty, w);
+        const int slot = ring_wait_empty<L::SLOTS, true>(m.empty, w);
         const HeadCoords at = head_coords(walk.head(w), walked_heads);
         const int row = walk.tile(w) * BWD_WALK;
         mbarrier_arrive_expect_tx(&m.full[slot], 2 * ELEM_BYTES * L::WALK_ELEMS);
@@ -305,8 +305,8 @@ template <typename Elem, int D, bool REGS> struct OwnOperands {
     // The two S-like products of walked tile `tile`, once its slot is full, as two wgmma groups:
     // the exponentials of P can run while the tensor cores compute dP.
     __device__ void issue_s_and_dp(float s_acc[32], float dp_acc[32], const BwdSmem<Elem> &m, int tile) const {
-        constexpr int STAGES = BwdLayout<D>::STAGES;
-        const int slot = ring_wait_full<STAGES, true>(m.full, tile);
+        constexpr int SLOTS = BwdLayout<D>::SLOTS;
+        const int slot = ring_wait_full<SLOTS, true>(m.full, tile);
         wgmma_fence();
         product(s_acc, a_frag, m.own_a, m.walk_a + slot * BwdLayout<D>::WALK_ELEMS);
         wgmma_commit();
@@ -587,14 +587,14 @@ __device__ __forceinline__ void dk_dv_consumer(const BwdSmem<Elem> &m, const CUt
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries) of a walked tile.
     float st_acc[32], dpt_acc[32];
     auto issue_st_dpt = [&](int tile) { k_and_v.issue_s_and_dp(st_acc, dpt_acc, m, tile); };
-    auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::STAGES]); };
+    auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::SLOTS]); };
     // The cross-tile overlap as in backward_dq; not with atomic dQ, whose dQ is staged
     // between the tile's products.
     constexpr bool kOverlap = kCrossTileOverlap && !ATOMIC;
 
     if (kOverlap) issue_st_dpt(0);
     for (int tile = 0; tile < walk.steps(); tile++) {  // the walk's steps: the ring's items
-        const int slot = tile % BwdLayout<D>::STAGES, q_start = walk.tile(tile) * BWD_WALK;
+        const int slot = tile % BwdLayout<D>::SLOTS, q_start = walk.tile(tile) * BWD_WALK;
         const Elem *q_tile = m.walk_a + slot * BwdLayout<D>::WALK_ELEMS;
         const Elem *do_tile = m.walk_b + slot * BwdLayout<D>::WALK_ELEMS;
         // This thread's columns (queries) are q_start + 8j + 2t + {0, 1}: their lse and delta.
@@ -674,7 +674,7 @@ backward_dk_dv(const __grid_constant__ CUtensorMap q_map, const __grid_constant_
         for (int slot = 0; slot < BwdLayout<D>::DQ_SLOTS; slot++)
             mbarrier_init(&m.dq_full[slot], 4 * BWD_GROUPS), mbarrier_init(&m.dq_empty[slot], 1);
     }
-    init_tma_ring(m.full, m.empty, BwdLayout<D>::STAGES, 4 * BWD_GROUPS, m.own_full);
+    init_tma_ring(m.full, m.empty, BwdLayout<D>::SLOTS, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
@@ -710,7 +710,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
     const int q0 = q_block * BWD_OWN;
     // Causal: up to the diagonal of the block's last query (its index plus S_kv - S).
     const int n_tiles = ceil_div(causal ? min(S_kv, q0 + BWD_OWN + S_kv - S) : S_kv, BWD_WALK);
-    init_tma_ring(m.full, m.empty, BwdLayout<D>::STAGES, 4 * BWD_GROUPS, m.own_full);
+    init_tma_ring(m.full, m.empty, BwdLayout<D>::SLOTS, 4 * BWD_GROUPS, m.own_full);
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<24>();
@@ -740,13 +740,13 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         // S = Q Kᵀ and dP = dO Vᵀ (64 queries x 64 keys) of a walked tile.
         float s_acc[32], dp_acc[32];
         auto issue_s_dp = [&](int tile) { q_and_do.issue_s_and_dp(s_acc, dp_acc, m, tile); };
-        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::STAGES]); };
+        auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::SLOTS]); };
         uint32_t ds_frag[BWD_WALK / 16][4];  // dS (fp16), the A operand of dQ += dS K
 
         if (kCrossTileOverlap) issue_s_dp(0);
         for (int tile = 0; tile < n_tiles; tile++) {
             const int k0 = tile * BWD_WALK;
-            const Elem *k_tile = m.walk_a + (tile % BwdLayout<D>::STAGES) * BwdLayout<D>::WALK_ELEMS;
+            const Elem *k_tile = m.walk_a + (tile % BwdLayout<D>::SLOTS) * BwdLayout<D>::WALK_ELEMS;
             if (!kCrossTileOverlap) issue_s_dp(tile);
             // With the overlap the previous tile's dQ product is older than S: this waits for it
             // too, and its K and V slot is free.

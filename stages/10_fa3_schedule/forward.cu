@@ -6,9 +6,9 @@
 // with FlashAttention-3's schedule on it so that the tensor cores no longer wait for a
 // warpgroup's softmax. The frame, as here:
 //   producer (warpgroup 0): one thread issues cp.async.bulk.tensor (TMA) for a query tile's Q,
-//     then for each key tile K into the K ring and V into the V ring (slots t % K_STAGES and
-//     t % V_STAGES), each after the consumers released that slot; the copy engine counts the
-//     bytes onto the slot's barrier.
+//     then for each key tile K into the K ring and V into the V ring (item n of the block's whole
+//     walk, counted across its query tiles, into slots n % K_SLOTS and n % V_SLOTS), each after
+//     the consumers released that slot; the copy engine counts the bytes onto the slot's barrier.
 //   consumers (warpgroups 1..; 64 query rows each): S = Q Kᵀ with wgmma (both operands in shared
 //     memory), mask and online softmax in registers, O += P V with wgmma (P from registers).
 // setmaxnreg moves registers from the producer (24 per thread) to the consumers.
@@ -21,7 +21,7 @@
 //   a dynamic schedule for causal tiles (kDynamicSchedule, D = 64 with two consumer warpgroups;
 //     FlashAttention-3's tile scheduler, from its code rather than the paper): blocks take query
 //     tiles, longest first, from a counter in the call's forward scratch;
-//   ping-pong (kPingPong, off: measured slower here): the consumer warpgroups take turns to
+//   ping-pong (kPingPong, off as built; notes.md measures it): the consumer warpgroups take turns to
 //     issue their products (named barriers), so one warpgroup's softmax falls under the other's.
 //   a staggered start (kStagger, D = 128): the second consumer warpgroup issues a query
 //     tile's first S once the first has its own, so that their softmaxes do not start together;
@@ -36,7 +36,8 @@
 //     stores, one per 64-column slab), so the warpgroup starts its next query tile at once
 //     instead of after 4-byte global stores from every thread.
 // What changed from stage 09: the schedule above; ex2.approx for 2^x; three consumer warpgroups
-// at D = 64 where the mask and length allow; the log-sum-exp (log2 units) written to the workspace
+// at D = 64 where the mask and length allow, and one where blocks of 64 rows do not outnumber the
+// SMs (kSmallOneGroup); the log-sum-exp (log2 units) written to the workspace
 // for the backward pass (backward.cu), as stage 08's forward writes it; every tensor read and
 // written through its strides (4-D tensor maps, column, row, head and batch: make_tensor_map), so
 // that [B, S, H, D] memory, as a model's projections leave Q, K and V, needs no copy; K and V may
@@ -48,10 +49,10 @@
 // store_query_tile (the epilogue); FwdRings lays out shared memory, and KvReader and
 // ring_wait_empty / ring_wait_full (common/mma_ptx.cuh) hold the rings' slot and phase arithmetic.
 // Like stage 09's, the kernels take fp16 or bf16 (Elem, common/elem.cuh).
-// Limits: Hopper only (sm_90a instructions; the harness skips older GPUs with a message); a
+// Limits: Hopper only (sm_90a instructions; the harness skips other GPUs with a message); a
 // query tile's first S and softmax and its last P V still have nothing of the same warpgroup to
-// overlap with; where the schedule is static (D = 128, and D = 64 without a mask, with three
-// consumer warpgroups or with one), it balances whole units of work, not the time they take.
+// overlap with; where the schedule is static (every build but D = 64 with a mask, two consumer
+// warpgroups and S_kv = S), it balances whole units of work, not the time they take.
 #include <math.h>
 
 #include "kernel_common.cuh"
@@ -135,10 +136,8 @@
 // work on the current tile, whose key walk is short there (heads of at most SPLIT_MAX_TILES query
 // tiles, so at most 12 key tiles a query tile).
 // Or one slot (0), as everywhere else: the producer loads the next Q only once the current
-// tile's last S = Q Kᵀ is done. In trials outside the ablation builds, two slots in the other
-// D = 64 kernels were about 1% faster with a mask at S = 1024, about 1% slower at 2048 and 4096,
-// and no faster without one at 4096 (not through the L1's share of the SM's memory: the one-slot
-// kernel padded to the same shared memory ran as before); at D = 128 there is no room.
+// tile's last S = Q Kᵀ is done (notes.md has the trials of two slots in the other kernels); at
+// D = 128 there is no room.
 #ifndef TWO_Q_SLOTS
 #define TWO_Q_SLOTS 1
 #endif
@@ -161,14 +160,14 @@
 // producer nothing to prefetch into.
 // A K slot is free again as soon as its S = Q Kᵀ is done, early in the same step, so K needs
 // fewer: at D = 128 two K slots and three V slots leave room for O's staging tile.
-#ifndef STAGES_D64
-#define STAGES_D64 4
+#ifndef SLOTS_D64
+#define SLOTS_D64 4
 #endif
-#ifndef K_STAGES_D128
-#define K_STAGES_D128 2
+#ifndef K_SLOTS_D128
+#define K_SLOTS_D128 2
 #endif
-#ifndef V_STAGES_D128
-#define V_STAGES_D128 3
+#ifndef V_SLOTS_D128
+#define V_SLOTS_D128 3
 #endif
 // At D = 128 (two consumer warpgroups, with the overlap), the second warpgroup issues a query
 // tile's first S only once the first has its own (1), so that their softmaxes start apart and
@@ -211,12 +210,15 @@ template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     static constexpr int GROUPS = GROUPS_;                         // consumer warpgroups
     static constexpr int THREADS = 128 * (GROUPS + 1);            // and the producer warpgroup
     static constexpr int BLOCK_ROWS = GROUPS * GROUP_ROWS;        // query rows per block
-    // Registers per consumer thread after setmaxnreg: the producer keeps 24 of a block's 65,536.
+    // Registers per consumer thread after setmaxnreg, which only shares out what the block was
+    // launched with: ptxas' registers a thread times THREADS (168 x 384 = 64,512 with two groups,
+    // which 128 x 24 + 256 x 240 fill exactly; 128 x 512 with three; 240 x 256 with one). The
+    // producer keeps 24 a thread; the assert checks against the SM's 65,536 only.
     static constexpr int CONSUMER_REGS = GROUPS == 3 ? 160 : 240;
     static_assert(128 * 24 + 128 * GROUPS * CONSUMER_REGS <= 65536, "register file");
-    static constexpr int K_STAGES = D == 64 ? STAGES_D64 : K_STAGES_D128;
-    static constexpr int V_STAGES = D == 64 ? STAGES_D64 : V_STAGES_D128;
-    static constexpr int SLOTS = K_STAGES + V_STAGES;
+    static constexpr int K_SLOTS = D == 64 ? SLOTS_D64 : K_SLOTS_D128;
+    static constexpr int V_SLOTS = D == 64 ? SLOTS_D64 : V_SLOTS_D128;
+    static constexpr int SLOTS = K_SLOTS + V_SLOTS;
     static constexpr int Q_ELEMS = BLOCK_ROWS * D;
     static constexpr bool TMA_STORE = kTmaStoreO && (GROUPS <= 2 || kTmaStoreThreeGroups);
     static constexpr int O_ELEMS = TMA_STORE ? Q_ELEMS : 0;
@@ -225,22 +227,23 @@ template <int D, int GROUPS_, bool SPLIT_ = false> struct FwdLayout {
     static constexpr bool OVERLAP = kIntraOverlap && (GROUPS <= 2 || kOverlapThreeGroups);
     // Partial tiles shared out by key tiles (kSplitPartialTile): three groups, the loop without overlap.
     static constexpr bool SPLIT = SPLIT_ && kSplitPartialTile && GROUPS == 3 && !OVERLAP;
-    // Q slots (kTwoQSlots, where the second fits): query tile n's Q goes to slot n % Q_STAGES.
     // Per thread of each warpgroup but the first: its O accumulators, row max and row sum (2 each).
     static constexpr int MERGE_VALUES = D / 2 + 4;
     static constexpr int MERGE_FLOATS = SPLIT ? (GROUPS - 1) * MERGE_VALUES * 128 : 0;
-    // The Q slots [Q_STAGES][D/64][BLOCK_ROWS][64], the K ring [K_STAGES][D/64][KEY_TILE][64], the
+    // The Q slots [Q_SLOTS][D/64][BLOCK_ROWS][64], the K ring [K_SLOTS][D/64][KEY_TILE][64], the
     // V ring likewise, O's staging tile (Q's layout), the merge area [GROUPS-1][MERGE_VALUES][128
     // threads] (fp32), then the mbarriers (full and empty for each K, V and Q slot) and a word per
     // Q slot for the unit the DYNAMIC producer hands the consumers; 1024 spare bytes to align the
     // start to a swizzle atom.
-    static constexpr size_t bytes_with(int q_stages) {
-        return 1024 + ELEM_BYTES * (q_stages * Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
-               sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 2 * q_stages) + sizeof(int) * q_stages;
+    static constexpr size_t bytes_with(int q_slots) {
+        return 1024 + ELEM_BYTES * (q_slots * Q_ELEMS + SLOTS * TILE_ELEMS + O_ELEMS) +
+               sizeof(float) * MERGE_FLOATS + sizeof(uint64_t) * (2 * SLOTS + 2 * q_slots) + sizeof(int) * q_slots;
     }
     static constexpr size_t MAX_BYTES = 232448;  // a Hopper block's opt-in limit
-    static constexpr int Q_STAGES = SPLIT && kTwoQSlots && bytes_with(2) <= MAX_BYTES ? 2 : 1;
-    static constexpr size_t bytes = bytes_with(Q_STAGES);
+    // Q slots (kTwoQSlots, in the SPLIT build where the second fits): query tile n's Q goes to slot
+    // n % Q_SLOTS; one slot everywhere else.
+    static constexpr int Q_SLOTS = SPLIT && kTwoQSlots && bytes_with(2) <= MAX_BYTES ? 2 : 1;
+    static constexpr size_t bytes = bytes_with(Q_SLOTS);
     static_assert(bytes <= MAX_BYTES, "more shared memory than a Hopper block may have");
 };
 
@@ -364,9 +367,10 @@ template <int GROUPS> struct Turns {
 // takes units b, b + gridDim.x, ... (one unit per block when not persistent). A unit is one query
 // tile, except in a persistent causal launch with more tiles than SMs: there the tile with the most
 // keys of a head is paired with the one with the fewest, the second-most with the second-fewest,
-// and so on, so that every unit (but a lone middle tile) walks n_qblocks + 1 key tiles and a static
-// round-robin is balanced. With fewer tiles than SMs, pairs would only put two tiles one after the
-// other on an SM while others idle, so every tile is its own unit, longest first. Units run head by
+// and so on, so that every unit (but a lone middle tile) walks about as many key tiles
+// (n_qblocks + 1 with 128-row blocks) and a static round-robin is balanced. With fewer tiles than
+// SMs, pairs would only put two tiles one after the other on an SM while others idle, so every tile
+// is its own unit, longest first. Units run head by
 // head (DYNAMIC: section by section), so the blocks at work at any moment read the K and V of few
 // heads, which stay in L2. Where a head's last tile is cheaper than the others (shared out by its
 // key tiles, kSplitPartialTile) and the tiles are not causal, each head's tiles are rotated by the
@@ -412,9 +416,10 @@ struct Schedule {
 };
 
 // The block's shared memory: the Q, K and V rings with their barriers, O's staging tile and the
-// shared-out tile's merge area (FwdLayout's order). full[s] / empty[s] hand K slot s over (K and V
-// have barriers of their own, so S = Q Kᵀ waits for K only); q_full[s] and q_empty[s] hand Q slot
-// s over, once per query tile (query tile n in slot n % Q_STAGES).
+// shared-out tile's merge area (FwdLayout's order). full[s] / empty[s] hand slot s over, the K
+// slots' first, then the V slots' (K and V have barriers of their own, so S = Q Kᵀ waits for K
+// only); q_full[s] and q_empty[s] hand Q slot s over, once per query tile (query tile n in slot
+// n % Q_SLOTS).
 template <typename Elem, int D, int GROUPS, bool SPLIT> struct FwdRings {
     using L = FwdLayout<D, GROUPS, SPLIT>;
     Elem *q_ring, *k_ring, *v_ring;
@@ -427,18 +432,19 @@ template <typename Elem, int D, int GROUPS, bool SPLIT> struct FwdRings {
     int *unit_slot;
 
     __device__ explicit FwdRings(unsigned char *smem_raw) {
-        // Rounded up on the integer value: every access goes through smem_address (PTX's shared
-        // space), so the lost address space costs nothing here, unlike in the backward, which
-        // loads and stores through these pointers in C++ (smem_align_1024).
+        // Rounded up on the integer value, which loses the shared address space: the rings, the
+        // staging tile and the barriers are reached through smem_address (PTX's shared space) and
+        // lose nothing, but the merge area and unit_slot are read and written in C++, as generic
+        // loads and stores (LD.E / ST.E in the SASS), which the backward avoids with smem_align_1024.
         q_ring = (Elem *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-        k_ring = q_ring + L::Q_STAGES * L::Q_ELEMS;
-        v_ring = k_ring + L::K_STAGES * L::TILE_ELEMS;
-        o_tile = v_ring + L::V_STAGES * L::TILE_ELEMS;
+        k_ring = q_ring + L::Q_SLOTS * L::Q_ELEMS;
+        v_ring = k_ring + L::K_SLOTS * L::TILE_ELEMS;
+        o_tile = v_ring + L::V_SLOTS * L::TILE_ELEMS;
         merge = (float *)(o_tile + L::O_ELEMS);
         uint64_t *full = (uint64_t *)(merge + L::MERGE_FLOATS), *empty = full + L::SLOTS;
-        k_full = full, v_full = full + L::K_STAGES, k_empty = empty, v_empty = empty + L::K_STAGES;
-        q_full = empty + L::SLOTS, q_empty = q_full + L::Q_STAGES;
-        unit_slot = (int *)(q_empty + L::Q_STAGES);
+        k_full = full, v_full = full + L::K_SLOTS, k_empty = empty, v_empty = empty + L::K_SLOTS;
+        q_full = empty + L::SLOTS, q_empty = q_full + L::Q_SLOTS;
+        unit_slot = (int *)(q_empty + L::Q_SLOTS);
     }
 };
 
@@ -452,11 +458,11 @@ __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &
                                         const Schedule &schedule, int S, int S_kv, int heads, int heads_per_kv,
                                         int causal) {
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    constexpr int K_STAGES = L::K_STAGES, V_STAGES = L::V_STAGES, Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
+    constexpr int K_SLOTS = L::K_SLOTS, V_SLOTS = L::V_SLOTS, Q_SLOTS = L::Q_SLOTS, BLOCK_ROWS = L::BLOCK_ROWS;
     int tiles_done = 0, ring = 0;  // query tiles and K/V tiles loaded so far
     int fetched = 0;  // DYNAMIC: the next unit, claimed as this one's Q is loaded (below)
     // Query tile n's Q slot, once the last S = Q Kᵀ of the tile that used it before is done.
-    auto free_q_slot = [&](int n) { return ring_wait_empty<Q_STAGES, true>(r.q_empty, n); };
+    auto free_q_slot = [&](int n) { return ring_wait_empty<Q_SLOTS, true>(r.q_empty, n); };
     for (int unit = blockIdx.x; unit < schedule.units(); unit = DYNAMIC ? fetched : unit + gridDim.x) {
         for (int i = 0; i < schedule.tiles_of(unit); i++, tiles_done++) {
             const int q0 = schedule.q_block<L::SPLIT, DYNAMIC>(unit, i, causal) * BLOCK_ROWS;
@@ -478,12 +484,12 @@ __device__ __forceinline__ void produce(const FwdRings<Elem, D, GROUPS, SPLIT> &
                             hc.batch, &r.q_full[q_slot]);
             for (int tile = 0; tile < n_tiles; tile++, ring++) {
                 const int row = tile * KEY_TILE;
-                const int k_slot = ring_wait_empty<K_STAGES, true>(r.k_empty, ring);
+                const int k_slot = ring_wait_empty<K_SLOTS, true>(r.k_empty, ring);
                 mbarrier_arrive_expect_tx(&r.k_full[k_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
                     tma_load_4d(r.k_ring + k_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, k_map, c * SLAB, row,
                                 kv_at.head, kv_at.batch, &r.k_full[k_slot]);
-                const int v_slot = ring_wait_empty<V_STAGES, true>(r.v_empty, ring);
+                const int v_slot = ring_wait_empty<V_SLOTS, true>(r.v_empty, ring);
                 mbarrier_arrive_expect_tx(&r.v_full[v_slot], ELEM_BYTES * L::TILE_ELEMS);
                 for (int c = 0; c < D / SLAB; c++)
                     tma_load_4d(r.v_ring + v_slot * L::TILE_ELEMS + c * KEY_TILE * SLAB, v_map, c * SLAB, row,
@@ -599,13 +605,13 @@ template <typename Elem, int D, int GROUPS, bool SPLIT> struct KvReader {
     const FwdRings<Elem, D, GROUPS, SPLIT> &rings;
     int ring;  // K/V tiles of the block's earlier query tiles
     __device__ const Elem *k(int n) const {
-        return rings.k_ring + ring_wait_full<L::K_STAGES, true>(rings.k_full, ring + n) * L::TILE_ELEMS;
+        return rings.k_ring + ring_wait_full<L::K_SLOTS, true>(rings.k_full, ring + n) * L::TILE_ELEMS;
     }
     __device__ const Elem *v(int n) const {
-        return rings.v_ring + ring_wait_full<L::V_STAGES, true>(rings.v_full, ring + n) * L::TILE_ELEMS;
+        return rings.v_ring + ring_wait_full<L::V_SLOTS, true>(rings.v_full, ring + n) * L::TILE_ELEMS;
     }
-    __device__ void release_k(int n) const { mbarrier_arrive_warp(&rings.k_empty[(ring + n) % L::K_STAGES]); }
-    __device__ void release_v(int n) const { mbarrier_arrive_warp(&rings.v_empty[(ring + n) % L::V_STAGES]); }
+    __device__ void release_k(int n) const { mbarrier_arrive_warp(&rings.k_empty[(ring + n) % L::K_SLOTS]); }
+    __device__ void release_v(int n) const { mbarrier_arrive_warp(&rings.v_empty[(ring + n) % L::V_SLOTS]); }
 };
 
 // The consumer loop of one query tile with the overlap inside the warpgroup (FlashAttention-3):
@@ -729,7 +735,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     const int S_kv = KV_LENGTHS ? S_kv_given : S;
 #if FLASH_STAGES_SM90A
     using L = FwdLayout<D, GROUPS, SPLIT>;
-    constexpr int Q_STAGES = L::Q_STAGES, BLOCK_ROWS = L::BLOCK_ROWS;
+    constexpr int Q_SLOTS = L::Q_SLOTS, BLOCK_ROWS = L::BLOCK_ROWS;
     extern __shared__ unsigned char smem_raw[];
     const FwdRings<Elem, D, GROUPS, SPLIT> rings(smem_raw);
     uint64_t *q_full = rings.q_full, *q_empty = rings.q_empty;
@@ -742,7 +748,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
     const int group = SPLIT ? __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) : threadIdx.x / 128;
 
     if (threadIdx.x == 0)  // q_full[0] is the ring's, whose set-up syncs the block
-        for (int s = 0; s < Q_STAGES; s++) {
+        for (int s = 0; s < Q_SLOTS; s++) {
             if (s > 0) mbarrier_init(&q_full[s], 1);
             mbarrier_init(&q_empty[s], 4 * L::GROUPS);
         }
@@ -774,7 +780,7 @@ wgmma_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__
         const bool o_storer = threadIdx.x % 128 == 0;
         const int o_barrier = kOBarrier0 + consumer;
         // Query tile n's Q slot, once its Q (or, DYNAMIC, the word saying no unit is left) is there.
-        auto landed_q_slot = [&](int n) { return ring_wait_full<Q_STAGES, true>(q_full, n); };
+        auto landed_q_slot = [&](int n) { return ring_wait_full<Q_SLOTS, true>(q_full, n); };
         // DYNAMIC: the next unit is the one the producer wrote, read once its Q phase has come.
         // Lane 0 reads it and hands it to its warp: the thread that reads the slot is the one
         // whose arrival on q_empty later lets the producer write it again, and the shuffle lets
@@ -922,8 +928,8 @@ static size_t forward_scratch_bytes(const attn_shape *) { return kDynamicSchedul
 
 extern "C" const attn_stage STAGE = {
     .name = "10_fa3_schedule",
-    .idea = "FlashAttention-3's schedule on stage 09's frame: S of the next key tile under the softmax, persistent "
-        "blocks, TMA stores; the backward's five products with dQ added by bulk reductions",
+    .idea = "FlashAttention-3's schedule on stage 09's frame: the softmax under the previous key tile's P V, "
+        "persistent blocks, TMA stores; the backward's five products with dQ added by bulk reductions",
     .unsupported = unsupported_head_dim,
     .workspace_bytes = lse_workspace_bytes,
     .shared_bytes = shared_bytes,

@@ -14,8 +14,8 @@
 //     fp32 with the blocks' scales folded into its scale, P to e4m3 (P <= 1: no scale), and
 //     O += P Vᵀ; O, kept in units of the current V block's scale, goes out as fp16.
 // What changed from stage 09: e4m3 operands and wgmma, the quantize pass, the scales in the
-// softmax, V transposed and permuted, and stage 10's overlap inside a warpgroup (kOverlap); not
-// stage 10's persistent blocks or TMA stores of O.
+// softmax, V transposed and permuted, ex2.approx for 2^x, and stage 10's overlap inside a
+// warpgroup (kOverlap); not stage 10's persistent blocks or TMA stores of O.
 // Limits: forward only; Hopper only; Q, K and V of one shape, contiguous fp16 [B, H, S, D]; the
 // quantize pass is its own kernels, timed in the forward.
 #include <math.h>
@@ -51,6 +51,9 @@ constexpr bool kHadamard = HADAMARD;
 [[maybe_unused]] constexpr bool kPingPong = PINGPONG;
 constexpr int kMethod = ATTN_FP8 | (kBlockScales ? ATTN_FP8_BLOCK_SCALES : 0) | (kHadamard ? ATTN_FP8_HADAMARD : 0);
 
+// Registers per thread after setmaxnreg, as in stage 09: the block is launched with KERNEL_REGS a
+// thread (ptxas' most under __launch_bounds__(THREADS, 1)), and setmaxnreg only shares that pool
+// out: 128 x PRODUCER_REGS + 256 x CONSUMER_REGS = 64,512 = THREADS x KERNEL_REGS, exactly.
 #define KERNEL_REGS 168
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS 240
@@ -316,7 +319,7 @@ template <int D> struct SharedTiles {
     }
 };
 
-// A block's query tile and the key tiles it walks; with the mask, the longest walks first.
+// A block's query tile and the key tiles it walks; with the mask, each head's longest walks first.
 struct BlockWork {
     int head, q0, n_tiles;
 };
@@ -482,7 +485,7 @@ __device__ __forceinline__ float attend_in_order(float (&o_acc)[D / 2], float (&
 
 // The consumer loop with FlashAttention-3's intra-warpgroup overlap (kOverlap, stage 10's):
 // tile 0's S and softmax first; then per key tile n, S_n and P_{n-1} V_{n-1} issued together, so
-// that a key tile has one wait for the tensor cores, not two; the softmax of S_n, then O rescaled
+// that P_{n-1} V_{n-1} runs while the warpgroup waits for S_n and runs its softmax; then O rescaled
 // and P_n packed once P V is done. The source lets the softmax run before the wait for P V, but
 // ptxas places that wait after the first row maxima, ahead of every exponential
 // (docs/profiles/11_fp8_h200_loop_order.txt): only the other warpgroup's products can run under
