@@ -11,11 +11,11 @@
 // and dSᵀ come out as accumulators that are the A operands of dV += Pᵀ dO and dK += dSᵀ Q straight
 // from registers. dQ's rows are queries, which every key block touches, so dQ is summed across
 // blocks in one of two ways (kAtomicDq):
-//   atomics (as built, measured faster here): dSᵀ also goes to shared memory, where the wgmma of
+//   atomics (as built; the lesson compares the two): dSᵀ also goes to shared memory, where the wgmma of
 //     dQ += dS K reads it transposed. A warpgroup stages its dQ of the walked tile in shared
 //     memory, in the order its threads hold it, and a writer thread of the producer warpgroup adds
 //     the tile to a float dQ in global memory by one bulk reduction (cp.reduce.async.bulk: the L2
-//     does the adds), while the consumers go on; backward_dq_unpermute turns the sums into fp16,
+//     does the adds), while the consumers go on; backward_dq_unpermute turns the sums into fp16 or bf16,
 //     each head's as soon as that head's key blocks are done (kEarlyDqConversion), on the SMs that
 //     backward_dk_dv's last blocks leave idle. Five products; the order of the adds varies from
 //     run to run, so dQ's last bits do.
@@ -24,8 +24,9 @@
 //     on every run.
 // In a tile, S (or Sᵀ) and dP (or dPᵀ) are two wgmma groups: the exponentials of P run while the
 // tensor cores compute dP. Their A operand, the block's own rows (K and V, or Q and dO), is loaded
-// into registers once (kOwnInRegisters), so the tensor cores read only the walked tile from shared
-// memory. Every wait on an mbarrier is a try_wait, which lets the hardware suspend the waiting
+// into registers once where the registers allow (kOwnInRegisters: not in backward_dk_dv at D = 128,
+// where that kernel's wgmma reads them from shared memory), so that the tensor cores read only the
+// walked tile from shared memory. Every wait on an mbarrier is a try_wait, which lets the hardware suspend the waiting
 // warp instead of spinning on the same issue slots as the consumers. At the end of
 // backward_dk_dv the warpgroups write dK and dV into the shared memory of the owned K and V tiles,
 // and TMA stores take them to global memory (kTmaStoreDkDv), so that the block frees its SM soon.
@@ -38,8 +39,8 @@
 // aligned bottom-right), in builds of their own (KV_LENGTHS).
 // Limits: Hopper only; with grouped heads the shares take scratch memory of H / H_kv times K and V,
 // written and read once; the walked tile is 64 rows; a consumer waits for each tile's dV, dK and
-// dQ products before the next tile's S (queuing S behind them, kCrossTileOverlap, measured slower
-// without atomics); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the previous
+// dQ products before the next tile's S (queuing S behind them is kCrossTileOverlap, off as built;
+// the notes measure it); at D = 128 one dQ staging slot fits, so a tile's dQ waits until the previous
 // one has been read.
 // backward_dk_dv is a skeleton over named steps: bwd_produce (the producer loop), write_dq (the dQ
 // writer thread) and dk_dv_consumer (the consumer loop), which per walked tile calls
@@ -57,8 +58,8 @@
 #define BWD_WALK 64                               // rows of the tiles walked over
 #define BWD_THREADS (128 * (BWD_GROUPS + 1))
 
-// dQ by atomics from the dK/dV kernel (1: measured faster here, lesson), or by the second,
-// deterministic kernel (0).
+// dQ by atomics from the dK/dV kernel (1, as built; the lesson compares the two), or by the
+// second, deterministic kernel (0).
 #ifndef ATOMIC_DQ
 #define ATOMIC_DQ 1
 #endif
@@ -73,7 +74,7 @@ constexpr bool kAtomicDq = ATOMIC_DQ;
 #define DQ_PER_GROUP 1
 #endif
 // With atomic dQ: a walked tile's dQ staged in shared memory and added to global memory by bulk
-// reductions that one writer thread issues (1, measured faster here: lesson), instead of each
+// reductions that one writer thread issues (1, as built; the lesson compares the two), instead of each
 // consumer thread adding its accumulators with vector reductions, four floats each
 // (red.global.add.v4.f32, 0), which needs no staging, fence or hand-over.
 #ifndef BULK_REDUCE_DQ
@@ -106,7 +107,7 @@ template <int D>
 constexpr bool kDqPerGroup = kAtomicDq && DQ_PER_GROUP && D == 64;
 
 // dK and dV of backward_dk_dv written through shared memory by TMA stores (1): once no warpgroup
-// reads its rows of the owned K and V tiles any more, each writes its rows of dK and dV as fp16
+// reads its rows of the owned K and V tiles any more, each writes its rows of dK and dV as fp16 or bf16
 // into their place and one of its threads hands them to the copy engine, which writes whole 128-byte
 // rows, so that the block leaves its SM soon after. Or each thread stores its accumulators to
 // global memory itself (0): 4-byte stores from registers, eight rows apart, which the SM must issue
@@ -127,8 +128,8 @@ constexpr bool kOwnInRegisters = OWN_IN_REGISTERS && (D == 64 || !kDkDv);
 
 // Each kernel issues the next walked tile's S and dP right after this tile's last product (1), so
 // that the tensor cores have them queued while the warpgroup waits, instead of waiting for that
-// product first (0: measured faster here; but ptxas serializes the wgmmas of the build with 1,
-// advisory C7515, so that comparison is not of the schedule alone: lesson).
+// product first (0, as built; ptxas serializes the wgmmas of the build with 1, advisory C7515, so
+// the lesson's comparison of the two is not of the schedule alone).
 #ifndef CROSS_TILE_OVERLAP
 #define CROSS_TILE_OVERLAP 0
 #endif
@@ -332,7 +333,7 @@ __device__ inline void store_rows(Elem *dst, const RowLayout &rows, int head_ind
     }
 }
 
-// The 16-row half-pairs of an fp16 A operand (pack_a_frags) are the values of dSᵀ this thread
+// The 16-row half-pairs of an Elem (fp16 or bf16) A operand (pack_a_frags) are the values of dSᵀ this thread
 // holds: frag[kk][i] is row g + 8 (i % 2) of the warp's 16, columns 16 kk + 8 (i / 2) + 2t, +1.
 // They go to a 128-byte-swizzled [rows][64] tile at the warp's first row (ds_row0): 16-byte chunk
 // c of row r at c ^ (r % 8), as TMA would have written it, so a wgmma descriptor can read it.
@@ -741,7 +742,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         float s_acc[32], dp_acc[32];
         auto issue_s_dp = [&](int tile) { q_and_do.issue_s_and_dp(s_acc, dp_acc, m, tile); };
         auto release = [&](int tile) { mbarrier_arrive_warp(&m.empty[tile % BwdLayout<D>::SLOTS]); };
-        uint32_t ds_frag[BWD_WALK / 16][4];  // dS (fp16), the A operand of dQ += dS K
+        uint32_t ds_frag[BWD_WALK / 16][4];  // dS (Elem), the A operand of dQ += dS K
 
         if (kCrossTileOverlap) issue_s_dp(0);
         for (int tile = 0; tile < n_tiles; tile++) {
@@ -798,7 +799,7 @@ backward_dq(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 // dQ = scale * the float sums of the atomic dQ, un-permuted from the staging order (dq_stage_index)
 // into dQ's rows (wherever its strides put them) as fp16 or bf16, one block per staged 64 x D tile:
 // the block reads the tile in order (16-byte loads, coalesced), each float4 being columns c, c + 1
-// of rows r and r + 8, writes them as fp16 into the tile's place in shared memory, then stores
+// of rows r and r + 8, writes them as fp16 or bf16 into the tile's place in shared memory, then stores
 // whole rows (16-byte stores, coalesced); the padded rows past S are not stored. With
 // kEarlyDqConversion it starts while backward_dk_dv's last blocks still run, and waits until all
 // key blocks of its head (BWD_OWN keys each, as backward_dk_dv's grid has them) have counted

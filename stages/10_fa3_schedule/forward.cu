@@ -351,8 +351,9 @@ enum NamedBarrier { kTurnBarrier0 = 1, kOBarrier0 = 4, kMergeWritten = 7, kMerge
 
 // Ping-pong: consumer warpgroup c may issue its products once it holds the turn (named barrier
 // kTurnBarrier0 + c, which warpgroup c - 1 arrives on when it passes the turn on), so the groups issue in
-// the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products. A lone
-// consumer warpgroup has no one to take turns with.
+// the order 0, 1, ..., 0, 1, ... and each one's softmax runs under the others' products. The
+// barrier counts 256 threads: the taker's 128, which sync, and the passer's 128, which only arrive.
+// A lone consumer warpgroup has no one to take turns with.
 template <int GROUPS> struct Turns {
     int consumer;
     __device__ void take() const {
@@ -631,8 +632,9 @@ __device__ __forceinline__ void attend_overlapped(float (&o_acc)[D / 2], float (
     // while the tensor cores finish P_{n-1} V_{n-1}; then wait for that, scale O by
     // tile n's alpha and pack P_n. O is never touched while a product writes it.
     const Elem *k_tile = kv.k(0);
-    // kStagger: the second warpgroup's first S waits for the first's
-    // (kStaggerBarrier), so the two softmaxes start a product apart.
+    // kStagger: the second warpgroup's first S waits for the first's (kStaggerBarrier, 256
+    // threads: the second's 128 sync, the first's 128 arrive), so the two softmaxes start a
+    // product apart.
     constexpr bool stagger = kStagger && !kPingPong && GROUPS == 2 && D == 128;
     if (stagger && consumer == 1) named_barrier_sync(kStaggerBarrier, 256);
     turns.take();

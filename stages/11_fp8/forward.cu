@@ -442,7 +442,8 @@ struct TileScales {
 // Ping-pong (kPingPong): consumer warpgroup c issues its products once it holds the turn (named
 // barrier 1 + c, on which the other warpgroup arrives when it passes the turn on), so that one
 // warpgroup's softmax runs under the other's products. Warpgroup 1 hands warpgroup 0 the first
-// turn.
+// turn. Each barrier counts 256 threads: the taker's 128, which sync, and the passer's 128, which
+// only arrive.
 struct Turns {
     int consumer;
     __device__ void take() const {
