@@ -76,6 +76,9 @@ __device__ inline void fence_operands(float *acc) {
     for (int i = 0; i < N; i++) fence_operand(acc[i]);
 }
 
+// Makes this thread's mbarrier initializations visible to the copy engine (TMA) and the cluster.
+__device__ inline void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
 // The barriers of a producer/consumer ring fed by TMA, set up by thread 0 before the block
 // syncs: full[s] completes on the producer's expect_tx arrival plus the bytes; empty[s] on one
 // arrival per consumer warp; `once` guards the tiles loaded a single time (one arrival + bytes).
@@ -87,7 +90,7 @@ __device__ inline void init_tma_ring(uint64_t *full, uint64_t *empty, int slots,
             mbarrier_init(&empty[s], consumer_warps);
         }
         mbarrier_init(once, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+        fence_mbarrier_init();
     }
     __syncthreads();
 }
@@ -392,6 +395,30 @@ __device__ inline uint64_t desc_k_major_fp8(const uint8_t *tile, int row0, int k
     const uint64_t address = smem_address(tile + row0 * ROW_BYTES + kk * 32);
     const uint64_t layout = ROW_BYTES == 128 ? 1 : 2;  // 128-byte or 64-byte swizzle
     return ((address & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)((8 * ROW_BYTES) >> 4) << 32) | (layout << 62);
+}
+
+// The offset of byte `byte` of row `row` in a tile of ROW_BYTES-byte rows (128 or 64) as TMA
+// writes it with the swizzle of that width, for threads that read or write such a tile themselves:
+// a row's 16-byte chunks are permuted by XOR with the row's phase in its 1024-byte atom (8 rows of
+// 128 bytes) or 512-byte atom (8 rows of 64 bytes, two rows a phase).
+template <int ROW_BYTES>
+__host__ __device__ inline int swizzled_byte(int row, int byte) {
+    static_assert(ROW_BYTES == 64 || ROW_BYTES == 128, "a 64- or 128-byte swizzled row");
+    const int phase = ROW_BYTES == 128 ? row % 8 : row / 2 % 4;
+    return row * ROW_BYTES + ((byte / 16) ^ phase) * 16 + byte % 16;
+}
+
+// Bytes of x (0-3) and y (4-7) picked by the four nibbles of `selector`, the lowest nibble for the
+// lowest byte: PTX prmt (__byte_perm), and the same on the host for tests.
+__host__ __device__ inline uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, selector);
+#else
+    const uint64_t bytes = (uint64_t)y << 32 | x;
+    uint32_t picked = 0;
+    for (int i = 0; i < 4; i++) picked |= (uint32_t)(bytes >> (8 * ((selector >> (4 * i)) & 7)) & 0xff) << (8 * i);
+    return picked;
+#endif
 }
 
 // D[64 x 128] (+)= A B in e4m3, both from shared memory: S = Q Kᵀ of a 128-key tile.

@@ -23,6 +23,7 @@
 #include "kernel_common.cuh"
 #include "wgmma_ptx.cuh"
 #include "fp8.h"
+#include "v_transpose.cuh"
 
 #define CONSUMERS 2                          // consumer warpgroups; warpgroup 0 is the producer
 #define GROUP_ROWS 64                        // query rows per consumer warpgroup: one wgmma M
@@ -47,6 +48,16 @@ constexpr bool kHadamard = HADAMARD;
 #ifndef PINGPONG
 #define PINGPONG 0      // 1: the consumer warpgroups take turns to issue their products (ablations.txt)
 #endif
+#ifndef V_IN_KERNEL
+#define V_IN_KERNEL 0   // 1: V quantized as K is, and transposed in shared memory by the producer (ablations.txt)
+#endif
+constexpr bool kVInKernel = V_IN_KERNEL;
+#ifndef FUSED_Q
+#define FUSED_Q 0       // 1: Q rotated and rounded by the attention kernel's consumers, not by the pass (ablations.txt)
+#endif
+constexpr bool kFusedQ = FUSED_Q;
+static_assert(!kFusedQ || BLOCK_SCALES, "Q's block is the kernel's query tile: a fused Q takes a scale per block");
+#define Q_BARRIER 3     // kFusedQ: the named barrier of the 256 consumer threads (ping-pong's are 1 and 2)
 [[maybe_unused]] constexpr bool kOverlap = OVERLAP;  // read in the sm_90a pass only
 [[maybe_unused]] constexpr bool kPingPong = PINGPONG;
 constexpr int kMethod = ATTN_FP8 | (kBlockScales ? ATTN_FP8_BLOCK_SCALES : 0) | (kHadamard ? ATTN_FP8_HADAMARD : 0);
@@ -55,14 +66,20 @@ constexpr int kMethod = ATTN_FP8 | (kBlockScales ? ATTN_FP8_BLOCK_SCALES : 0) | 
 // thread (ptxas' most under __launch_bounds__(THREADS, 1)), and setmaxnreg only shares that pool
 // out: 128 x PRODUCER_REGS + 256 x CONSUMER_REGS = 64,512 = THREADS x KERNEL_REGS, exactly.
 #define KERNEL_REGS 168
+// The block holds THREADS x KERNEL_REGS = 64,512 registers from its launch on, and setmaxnreg only
+// moves them between warpgroups: 128 x 24 + 256 x 240 = 64,512. A producer at more than 24 would
+// leave the consumers' setmaxnreg.inc waiting for registers that never come free.
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS 240
+#define TRANSPOSER_THREADS 96                  // kVInKernel: producer warps 1 to 3 transpose V's tiles
 
 // ---------------------------------------------------------------------------------------------
 // The quantized tensors, in the forward's scratch.
-//   q8, k8 [B*H][S][D] e4m3; vt8 [B*H][D][s_pad] e4m3, keys padded to a whole tile with zeros;
+//   q8, k8 [B*H][S][D] e4m3; vt8 [B*H][D][s_pad] e4m3, keys padded to a whole tile with zeros
+//   (kVInKernel: V's rows, [B*H][S][D], as K's);
 //   q_scale, k_scale, v_scale [B*H][blocks] float; amax[3] (per-tensor scales only).
 struct Fp8Tensors {
+    const __half *q;  // kFusedQ: fp16 Q, [B*H][S][D], which the attention kernel quantizes
     uint8_t *q8, *k8, *vt8;
     float *q_scale, *k_scale, *v_scale;
     unsigned *amax;
@@ -257,10 +274,10 @@ __global__ void __launch_bounds__(256) quantize(const __half *x, Fp8Tensors out,
     const float scale = amax > 0.0f ? amax / (float)E4M3_MAX : 1.0f, inv = 1.0f / scale;
     float *scales = ROLE == ROLE_Q ? out.q_scale : ROLE == ROLE_K ? out.k_scale : out.v_scale;
     if (threadIdx.x == 0) scales[(size_t)head * out.blocks + block] = scale;
-    if constexpr (ROLE == ROLE_V) {
+    if constexpr (ROLE == ROLE_V && !kVInKernel) {
         store_transposed<D>(values, inv, out.vt8 + (size_t)head * D * out.s_pad, out.s_pad, block, lane);
     } else {
-        uint8_t *head_rows = (ROLE == ROLE_Q ? out.q8 : out.k8) + (size_t)head * S * D;
+        uint8_t *head_rows = (ROLE == ROLE_Q ? out.q8 : ROLE == ROLE_K ? out.k8 : out.vt8) + (size_t)head * S * D;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
             if (first + r >= S) continue;
@@ -280,11 +297,11 @@ static cudaError_t launch_quantize(const attn_shape *s, const attn_tensors *t, c
     if (!kBlockScales) {  // the tensors' amax first
         cudaError_t err = cudaMemsetAsync(out.amax, 0, 3 * sizeof(unsigned), stream);
         if (err != cudaSuccess) return err;
-        quantize<D, ROLE_Q, true><<<grid, 256, 0, stream>>>(q, out, s->seq);
+        if (!kFusedQ) quantize<D, ROLE_Q, true><<<grid, 256, 0, stream>>>(q, out, s->seq);
         quantize<D, ROLE_K, true><<<grid, 256, 0, stream>>>(k, out, s->seq);
         quantize<D, ROLE_V, true><<<grid, 256, 0, stream>>>(v, out, s->seq);
     }
-    quantize<D, ROLE_Q, false><<<grid, 256, 0, stream>>>(q, out, s->seq);
+    if (!kFusedQ) quantize<D, ROLE_Q, false><<<grid, 256, 0, stream>>>(q, out, s->seq);
     quantize<D, ROLE_K, false><<<grid, 256, 0, stream>>>(k, out, s->seq);
     quantize<D, ROLE_V, false><<<grid, 256, 0, stream>>>(v, out, s->seq);
     return cudaGetLastError();
@@ -293,31 +310,63 @@ static cudaError_t launch_quantize(const attn_shape *s, const attn_tensors *t, c
 // ---------------------------------------------------------------------------------------------
 // The attention kernel: stage 09's frame on e4m3 tiles.
 
-// The block's shared memory: q_smem [BLOCK_ROWS][D], k_ring [K_SLOTS][KEY_TILE][D] and v_ring
-// [V_SLOTS][D][KEY_TILE] (Vᵀ), one byte an element, each row one swizzled row; the mbarriers
-// full[SLOTS] and empty[SLOTS] (K's slots, then V's) and q_full; 1024 bytes to align the start.
+// The block's shared memory: q_smem [BLOCK_ROWS][D], k_ring [K_SLOTS][KEY_TILE][D], v_ring
+// [V_SLOTS][D][KEY_TILE] (Vᵀ) and, with kVInKernel, v_rows [ROW_SLOTS][KEY_TILE][D] (V's tiles as
+// loaded), one byte an element, each row one swizzled row; the mbarriers full[SLOTS] and
+// empty[SLOTS] (K's slots, then V's), q_full, rows_full[ROW_SLOTS] and rows_empty[ROW_SLOTS];
+// 1024 bytes to align the start.
 template <int D> struct Layout {
     static constexpr int K_SLOTS = D == 64 ? 4 : 2;
     static constexpr int V_SLOTS = D == 64 ? 4 : 3;
     static constexpr int SLOTS = K_SLOTS + V_SLOTS;
+    static constexpr int ROW_SLOTS = kVInKernel ? 2 : 0;
     static constexpr int Q_BYTES = BLOCK_ROWS * D, TILE_BYTES = KEY_TILE * D;
-    static constexpr size_t bytes = 1024 + Q_BYTES + SLOTS * TILE_BYTES + sizeof(uint64_t) * (2 * SLOTS + 1);
+    static constexpr size_t bytes = 1024 + Q_BYTES + (SLOTS + ROW_SLOTS) * TILE_BYTES +
+                                    sizeof(uint64_t) * (2 * SLOTS + 1 + 2 * ROW_SLOTS) + sizeof(float) * 8;
     static_assert(bytes <= 232448, "more shared memory than a Hopper block may have");
 };
 
 template <int D> struct SharedTiles {
-    uint8_t *q_smem, *k_ring, *v_ring;
-    uint64_t *k_full, *v_full, *k_empty, *v_empty, *q_full;
+    uint8_t *q_smem, *k_ring, *v_ring, *v_rows;
+    uint64_t *k_full, *v_full, *k_empty, *v_empty, *q_full, *rows_full, *rows_empty;
+    float *q_warp_max;  // kFusedQ: each consumer warp's amax of Q's tile
     __device__ explicit SharedTiles(unsigned char *smem_raw) {
         using L = Layout<D>;
         q_smem = smem_align_1024(smem_raw);
         k_ring = q_smem + L::Q_BYTES;
         v_ring = k_ring + L::K_SLOTS * L::TILE_BYTES;
-        k_full = (uint64_t *)(v_ring + L::V_SLOTS * L::TILE_BYTES), v_full = k_full + L::K_SLOTS;
+        v_rows = v_ring + L::V_SLOTS * L::TILE_BYTES;
+        k_full = (uint64_t *)(v_rows + L::ROW_SLOTS * L::TILE_BYTES), v_full = k_full + L::K_SLOTS;
         k_empty = k_full + L::SLOTS, v_empty = k_empty + L::K_SLOTS;
-        q_full = k_empty + L::SLOTS;
+        q_full = k_empty + L::SLOTS, rows_full = q_full + 1, rows_empty = rows_full + L::ROW_SLOTS;
+        q_warp_max = (float *)(rows_empty + L::ROW_SLOTS);
     }
 };
+
+// The block's mbarriers. As built, those of stage 09's rings (init_tma_ring): a full slot is one
+// TMA load, an empty one the consumer warps' arrivals. With kVInKernel, a Vᵀ slot is full once
+// every transposing thread has arrived, and V's loaded tiles have a ring of their own.
+template <int D>
+__device__ inline void init_barriers(const SharedTiles<D> &smem) {
+    using L = Layout<D>;
+    if constexpr (!kVInKernel) {
+        init_tma_ring(smem.k_full, smem.k_empty, L::SLOTS, 4 * CONSUMERS, smem.q_full);
+    } else {
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < L::SLOTS; s++) {
+                mbarrier_init(&smem.k_full[s], s < L::K_SLOTS ? 1 : TRANSPOSER_THREADS);
+                mbarrier_init(&smem.k_empty[s], 4 * CONSUMERS);
+            }
+            for (int s = 0; s < L::ROW_SLOTS; s++) {
+                mbarrier_init(&smem.rows_full[s], 1);
+                mbarrier_init(&smem.rows_empty[s], TRANSPOSER_THREADS);
+            }
+            mbarrier_init(smem.q_full, 1);
+            fence_mbarrier_init();
+        }
+        __syncthreads();
+    }
+}
 
 // A block's query tile and the key tiles it walks; with the mask, each head's longest walks first.
 struct BlockWork {
@@ -335,15 +384,42 @@ template <int D>
 __device__ __forceinline__ void produce(const SharedTiles<D> &smem, const CUtensorMap *q_map, const CUtensorMap *k_map,
                                         const CUtensorMap *vt_map, const BlockWork &work) {
     using L = Layout<D>;
-    mbarrier_arrive_expect_tx(smem.q_full, L::Q_BYTES);
-    tma_load_3d(smem.q_smem, q_map, 0, work.q0, work.head, smem.q_full);
+    if (!kFusedQ) {
+        mbarrier_arrive_expect_tx(smem.q_full, L::Q_BYTES);
+        tma_load_3d(smem.q_smem, q_map, 0, work.q0, work.head, smem.q_full);
+    }
     for (int tile = 0; tile < work.n_tiles; tile++) {
         const int k_slot = ring_wait_empty<L::K_SLOTS, true>(smem.k_empty, tile);
         mbarrier_arrive_expect_tx(&smem.k_full[k_slot], L::TILE_BYTES);
         tma_load_3d(smem.k_ring + k_slot * L::TILE_BYTES, k_map, 0, tile * KEY_TILE, work.head, &smem.k_full[k_slot]);
+        if constexpr (kVInKernel) {  // V's rows, for the transposing warps
+            const int row_slot = ring_wait_empty<L::ROW_SLOTS, true>(smem.rows_empty, tile);
+            mbarrier_arrive_expect_tx(&smem.rows_full[row_slot], L::TILE_BYTES);
+            tma_load_3d(smem.v_rows + row_slot * L::TILE_BYTES, vt_map, 0, tile * KEY_TILE, work.head,
+                        &smem.rows_full[row_slot]);
+        } else {
+            const int v_slot = ring_wait_empty<L::V_SLOTS, true>(smem.v_empty, tile);
+            mbarrier_arrive_expect_tx(&smem.v_full[v_slot], L::TILE_BYTES);
+            tma_load_3d(smem.v_ring + v_slot * L::TILE_BYTES, vt_map, tile * KEY_TILE, 0, work.head,
+                        &smem.v_full[v_slot]);
+        }
+    }
+}
+
+// kVInKernel, producer warps 1 to 3: each loaded V tile into a free Vᵀ slot (v_transpose.cuh),
+// within the producer's 24 registers a thread. Every thread fences its shared-memory writes for
+// wgmma's reads and arrives on the slot itself.
+template <int D>
+__device__ __forceinline__ void transpose_v(const SharedTiles<D> &smem, int n_tiles, int warp, int lane) {
+    using L = Layout<D>;
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int row_slot = ring_wait_full<L::ROW_SLOTS, true>(smem.rows_full, tile);
         const int v_slot = ring_wait_empty<L::V_SLOTS, true>(smem.v_empty, tile);
-        mbarrier_arrive_expect_tx(&smem.v_full[v_slot], L::TILE_BYTES);
-        tma_load_3d(smem.v_ring + v_slot * L::TILE_BYTES, vt_map, tile * KEY_TILE, 0, work.head, &smem.v_full[v_slot]);
+        transpose_v_tile<D, KEY_TILE>(smem.v_rows + row_slot * L::TILE_BYTES, smem.v_ring + v_slot * L::TILE_BYTES,
+                                      warp, TRANSPOSER_THREADS / 32, lane);
+        fence_proxy_async_shared();
+        mbarrier_arrive(&smem.v_full[v_slot]);
+        mbarrier_arrive(&smem.rows_empty[row_slot]);
     }
 }
 
@@ -561,6 +637,41 @@ __device__ __forceinline__ void store_o(const float (&o_acc)[D / 2], const float
     }
 }
 
+// kFusedQ: the block's query tile quantized by its consumers as the pass would (load_rows,
+// rotate_row, the 128 rows' amax, to_e4m3), into q_smem in TMA's swizzled layout; consumer warp w
+// takes rows 16w .. 16w + 15. Returns Q's scale. Every consumer thread fences its writes for
+// wgmma and meets the others at Q_BARRIER before any product reads the tile.
+template <int D>
+__device__ float quantize_q_tile(const SharedTiles<D> &smem, const __half *q_head, int q0, int S) {
+    constexpr int PER = D / 32;
+    const int warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32;
+    float values[16][PER];
+    load_rows<D>(values, q_head, q0 + 16 * warp, S, lane);
+    float amax = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        if (kHadamard) rotate_row<D>(values[r], lane);
+#pragma unroll
+        for (int i = 0; i < PER; i++) amax = fmaxf(amax, fabsf(values[r][i]));
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    if (lane == 0) smem.q_warp_max[warp] = amax;
+    named_barrier_sync(Q_BARRIER, 128 * CONSUMERS);
+    for (int w = 0; w < 8; w++) amax = fmaxf(amax, smem.q_warp_max[w]);
+    const float q_scale = amax > 0.0f ? amax / (float)E4M3_MAX : 1.0f, inv = 1.0f / q_scale;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        const uint32_t bytes = to_e4m3<PER>(values[r], inv);
+        uint8_t *dst = smem.q_smem + swizzled_byte<D>(16 * warp + r, lane * PER);
+        if constexpr (PER == 4) *(uint32_t *)dst = bytes;
+        else *(uint16_t *)dst = (uint16_t)bytes;
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(Q_BARRIER, 128 * CONSUMERS);
+    return q_scale;
+}
+
 template <int D>
 __global__ void __launch_bounds__(THREADS, 1)
 fp8_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -569,13 +680,15 @@ fp8_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 #if FLASH_STAGES_SM90A
     extern __shared__ unsigned char smem_raw[];
     const SharedTiles<D> smem(smem_raw);
-    init_tma_ring(smem.k_full, smem.k_empty, Layout<D>::SLOTS, 4 * CONSUMERS, smem.q_full);
+    init_barriers<D>(smem);
     const BlockWork work = block_work(S, causal);
     if (threadIdx.x / 128 == 0) {
         setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             tma_prefetch_descriptor(&q_map), tma_prefetch_descriptor(&k_map), tma_prefetch_descriptor(&vt_map);
             produce<D>(smem, &q_map, &k_map, &vt_map, work);
+        } else if (kVInKernel && threadIdx.x >= 32) {
+            if constexpr (kVInKernel) transpose_v<D>(smem, work.n_tiles, threadIdx.x / 32 - 1, threadIdx.x % 32);
         }
     } else {
         setmaxnreg_inc<CONSUMER_REGS>();
@@ -587,10 +700,15 @@ fp8_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
         for (int e = 0; e < D / 2; e++) o_acc[e] = 0.0f;
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
         const size_t head_blocks = (size_t)work.head * fp8.blocks;
-        const TileScales scales = {
-            fp8.k_scale + head_blocks, fp8.v_scale + head_blocks,
-            scale * 1.4426950408889634f * __ldg(&fp8.q_scale[head_blocks + work.q0 / BLOCK_ROWS])};
-        mbarrier_wait<true>(smem.q_full, 0);
+        float q_scale;
+        if constexpr (kFusedQ) {
+            q_scale = quantize_q_tile<D>(smem, fp8.q + (size_t)work.head * S * D, work.q0, S);
+        } else {
+            q_scale = __ldg(&fp8.q_scale[head_blocks + work.q0 / BLOCK_ROWS]);
+            mbarrier_wait<true>(smem.q_full, 0);
+        }
+        const TileScales scales = {fp8.k_scale + head_blocks, fp8.v_scale + head_blocks,
+                                   scale * 1.4426950408889634f * q_scale};
         const float v_scale =
             kOverlap ? attend_overlapped<D>(o_acc, row_max, row_sum, smem, scales, work.n_tiles, S, causal, first_query,
                                             consumer, g, t)
@@ -605,13 +723,16 @@ fp8_forward(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ C
 
 template <int D>
 static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cudaStream_t stream) {
-    const Fp8Tensors fp8 = fp8_tensors(s, t->forward_scratch);
+    Fp8Tensors fp8 = fp8_tensors(s, t->forward_scratch);
+    fp8.q = (const __half *)t->q;
     cudaError_t err = launch_quantize<D>(s, t, fp8, stream);
     const int heads_total = s->batch * s->heads;
     CUtensorMap q_map, k_map, vt_map;  // boxes of a tile's rows x D bytes, and D rows x 128 keys
     if (err == cudaSuccess) err = make_tensor_map_bytes(&q_map, fp8.q8, heads_total, s->seq, D, BLOCK_ROWS, D);
     if (err == cudaSuccess) err = make_tensor_map_bytes(&k_map, fp8.k8, heads_total, s->seq, D, KEY_TILE, D);
-    if (err == cudaSuccess) err = make_tensor_map_bytes(&vt_map, fp8.vt8, heads_total, D, fp8.s_pad, D, KEY_TILE);
+    if (err == cudaSuccess)  // Vᵀ, or with kVInKernel V's rows as K's
+        err = kVInKernel ? make_tensor_map_bytes(&vt_map, fp8.vt8, heads_total, s->seq, D, KEY_TILE, D)
+                         : make_tensor_map_bytes(&vt_map, fp8.vt8, heads_total, D, fp8.s_pad, D, KEY_TILE);
     if (err == cudaSuccess) err = allow_dynamic_smem(fp8_forward<D>, Layout<D>::bytes);
     if (err != cudaSuccess) return err;
     const int blocks = ceil_div(s->seq, BLOCK_ROWS) * heads_total;

@@ -1,0 +1,45 @@
+// v_transpose.cuh - stage 11's V tile transposed in shared memory (the .v_in_kernel build): the
+// quantize pass writes V's rows as it writes K's, TMA loads a tile of 128 keys x D, and warps of
+// the producer warpgroup write it as Vᵀ, D rows of 128 keys, with the keys of every 32 in v_key's
+// order, into the slot the consumers' P V reads. The stage as built writes Vᵀ in its quantize pass.
+#ifndef FLASH_STAGES_V_TRANSPOSE_CUH
+#define FLASH_STAGES_V_TRANSPOSE_CUH
+
+#include <stdint.h>
+
+#include "wgmma_ptx.cuh"
+
+// One 4 x 4 block: V's keys k0, k0 + 1, k0 + 8 and k0 + 9 (k0 = 32g + 16h + 2t) at columns
+// d0 .. d0 + 3, read as one 32-bit word a key, to Vᵀ's rows d0 .. d0 + 3 at the four columns from
+// c0 = 32g + 16h + 4t, where v_key puts exactly those keys, in that order. Two rounds of byte
+// permutes transpose the block: pairs of keys' bytes interleaved, then the pairs' halves joined.
+template <int D, int KEYS>
+__host__ __device__ inline void transpose_block(const uint8_t *v_rows, uint8_t *vt, int k0, int c0, int d0) {
+    const uint32_t w0 = *(const uint32_t *)(v_rows + swizzled_byte<D>(k0, d0));
+    const uint32_t w1 = *(const uint32_t *)(v_rows + swizzled_byte<D>(k0 + 1, d0));
+    const uint32_t w8 = *(const uint32_t *)(v_rows + swizzled_byte<D>(k0 + 8, d0));
+    const uint32_t w9 = *(const uint32_t *)(v_rows + swizzled_byte<D>(k0 + 9, d0));
+    // low01: columns d0 and d0 + 1 of keys k0 and k0 + 1, interleaved; high01: columns d0 + 2, d0 + 3
+    const uint32_t low01 = byte_perm(w0, w1, 0x5140), high01 = byte_perm(w0, w1, 0x7362);
+    const uint32_t low89 = byte_perm(w8, w9, 0x5140), high89 = byte_perm(w8, w9, 0x7362);
+    *(uint32_t *)(vt + swizzled_byte<KEYS>(d0, c0)) = byte_perm(low01, low89, 0x5410);
+    *(uint32_t *)(vt + swizzled_byte<KEYS>(d0 + 1, c0)) = byte_perm(low01, low89, 0x7632);
+    *(uint32_t *)(vt + swizzled_byte<KEYS>(d0 + 2, c0)) = byte_perm(high01, high89, 0x5410);
+    *(uint32_t *)(vt + swizzled_byte<KEYS>(d0 + 3, c0)) = byte_perm(high01, high89, 0x7632);
+}
+
+// This warp's share of one tile: v_rows [KEYS][D] (TMA's D-byte swizzle) to vt [D][KEYS] (the
+// 128-byte swizzle the P V wgmma reads), warp `warp` of `warps` taking every warps-th pass of 32
+// blocks. In a pass, lane = 16h + 4t + dl takes the block of keys from k0 = 32g + 16h + 2t and of
+// columns from d0 = 16 dq + 4 dl, so that a load instruction reads 16 banks twice over and a store
+// writes 16 banks twice over.
+template <int D, int KEYS>
+__host__ __device__ inline void transpose_v_tile(const uint8_t *v_rows, uint8_t *vt, int warp, int warps, int lane) {
+    const int h = lane / 16, t = lane / 4 % 4, dl = lane % 4;
+    for (int pass = warp; pass < KEYS / 32 * (D / 16); pass += warps) {
+        const int g = pass % (KEYS / 32), dq = pass / (KEYS / 32);
+        transpose_block<D, KEYS>(v_rows, vt, 32 * g + 16 * h + 2 * t, 32 * g + 16 * h + 4 * t, 16 * dq + 4 * dl);
+    }
+}
+
+#endif
