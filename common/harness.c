@@ -481,30 +481,32 @@ static void report_timing(const options *opt, const char *gpu, const char *direc
     if (opt->csv_path) append_csv(opt->csv_path, gpu, &opt->shape, direction, tm, tflops, gbps, max_abs_err);
 }
 
-int main(int argc, char **argv) {
-    set_program_name();
-    options opt = parse_options(argc, argv);
-    attn_shape *shape = &opt.shape;
-    shape->fp8 = STAGE.fp8;  // the checker's rule follows the stage's FP8 method
-    uint16_t *host[N_TENSORS] = {NULL};  // fp16 or bf16 bits, in TENSOR_NAMES order
-    if (opt.backward && !STAGE.backward) {
+// Refusals that need no GPU: a backward the stage lacks, a shape or layout it cannot run (after
+// --load has set the shape). Returns the exit status, or 0 to go on.
+static int refuse_before_device(options *opt, uint16_t *host[]) {
+    if (opt->backward && !STAGE.backward) {
         fprintf(stderr, "%s: --backward: this stage has a forward pass only (a stage with a backward.cu has both)\n",
                 program_name);
         return EXIT_UNSUPPORTED;
     }
-    if (opt.load_dir) load_inputs(opt.load_dir, opt.backward, shape, host);
-
+    if (opt->load_dir) load_inputs(opt->load_dir, opt->backward, &opt->shape, host);
     char refusal[512];
-    if (shape_refusal(&STAGE, program_name, shape, refusal, sizeof refusal)) {
+    if (shape_refusal(&STAGE, program_name, &opt->shape, refusal, sizeof refusal)) {
         fprintf(stderr, "%s\n", refusal);
         return EXIT_UNSUPPORTED;
     }
-    if (opt.seq_major && !STAGE.runs_strided) {
+    if (opt->seq_major && !STAGE.runs_strided) {
         fprintf(stderr, "%s: this stage's kernels read contiguous [B, H, S, D] tensors only; leave out --layout bshd\n",
                 program_name);
         return EXIT_UNSUPPORTED;
     }
+    return 0;
+}
 
+// The GPU: none (skipped, 77), another generation than the stage's code (skipped, 77, not failed),
+// or less shared memory per block than the stage asks for (a sentence, as for an unsupported
+// shape, 3). Fills `prop` and the GPU's name as the CSV writes it. Returns the exit status, or 0.
+static int find_gpu(const attn_shape *shape, struct cudaDeviceProp *prop, char gpu[], size_t gpu_size) {
     int devices = 0;
     cudaError_t device_err = cudaGetDeviceCount(&devices);
     if (device_err != cudaSuccess || devices == 0) {
@@ -512,20 +514,23 @@ int main(int argc, char **argv) {
                device_err != cudaSuccess ? cudaGetErrorString(device_err) : "none found");
         return EXIT_NO_GPU;
     }
-    struct cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    // Another GPU generation than the stage's code (skipped, 77, not failed), or less shared
-    // memory per block than the stage asks for (a sentence, as for an unsupported shape, 3).
-    const gpu_info gpu_here = {prop.name, prop.major, prop.minor, prop.sharedMemPerBlockOptin};
+    CUDA_CHECK(cudaGetDeviceProperties(prop, 0));
+    char refusal[512];
+    const gpu_info gpu_here = {prop->name, prop->major, prop->minor, prop->sharedMemPerBlockOptin};
     switch (gpu_refusal(&STAGE, program_name, shape, &gpu_here, refusal, sizeof refusal)) {
     case REFUSED_GPU: printf("SKIPPED: %s\n", refusal); return EXIT_NO_GPU;
     case REFUSED_SHAPE: fprintf(stderr, "%s\n", refusal); return EXIT_UNSUPPORTED;
     default: break;
     }
-    char gpu[sizeof prop.name];
-    snprintf(gpu, sizeof gpu, "%s", prop.name);
+    snprintf(gpu, gpu_size, "%s", prop->name);
     for (char *c = gpu; *c; c++)
         if (*c == ',') *c = ' ';  // keep the CSV parseable
+    return 0;
+}
+
+// The run's first line: program, GPU, shape, type and what is run.
+static void print_run(const options *opt, const char *gpu) {
+    const attn_shape *shape = &opt->shape;
     char kv[64] = "";
     if (attn_kv_differs(shape)) snprintf(kv, sizeof kv, " H_kv=%d S_kv=%d", attn_kv_heads(shape), attn_kv_seq(shape));
     char fp8[96] = "";
@@ -535,128 +540,173 @@ int main(int argc, char **argv) {
                  shape->fp8 & ATTN_FP8_HADAMARD ? ", Q and K rotated" : "");
     printf("%s on %s: B=%d H=%d S=%d D=%d%s %s%s %s%s%s\n", program_name, gpu, shape->batch, shape->heads,
            shape->seq, shape->dim, kv, DTYPE_NAMES[shape->dtype], fp8, shape->causal ? "causal" : "non-causal",
-           opt.backward ? ", forward and backward" : "", opt.outliers ? ", inputs with outliers" : "");
+           opt->backward ? ", forward and backward" : "", opt->outliers ? ", inputs with outliers" : "");
+}
 
-    // Device tensors: q, k, v, o, and for the backward do, dq, dk, dv.
-    const int n_tensors = opt.backward ? N_TENSORS : T_O + 1;
-    // Q, O, dO and dQ are [B, H, S, D]; K, V, dK and dV [B, H_kv, S_kv, D].
-    const size_t n = attn_elems(shape), bytes = n * sizeof(uint16_t);
-    const size_t n_kv = attn_kv_elems(shape), kv_bytes = n_kv * sizeof(uint16_t);
-    size_t elems[N_TENSORS];
-    for (int t = 0; t < N_TENSORS; t++) elems[t] = t == T_K || t == T_V || t == T_DK || t == T_DV ? n_kv : n;
-    const size_t workspace = STAGE.workspace_bytes(shape);
-    // The backward's own scratch, apart from the workspace the forward leaves it.
-    const size_t scratch = opt.backward && STAGE.backward_scratch_bytes ? STAGE.backward_scratch_bytes(shape) : 0;
-    const size_t forward_scratch = STAGE.forward_scratch_bytes ? STAGE.forward_scratch_bytes(shape) : 0;
+// The run's tensors: host copies (fp16 or bf16 bits, in TENSOR_NAMES order, and float copies of
+// the inputs for the reference), device buffers, and the stage's own device memory.
+typedef struct {
+    int n_tensors;               // q, k, v, o, and for the backward do, dq, dk, dv
+    size_t elems[N_TENSORS];     // Q, O, dO and dQ are [B, H, S, D]; K, V, dK and dV [B, H_kv, S_kv, D]
+    uint16_t *host[N_TENSORS];
+    float *f32[N_TENSORS];
+    void *dev_ptr[N_TENSORS];
+    attn_tensors dev;
+    size_t workspace;            // what the forward leaves the backward (or its own temporaries)
+    size_t scratch;              // the backward's own scratch
+    size_t forward_scratch;
+} buffers;
+
+// Sizes every tensor, refuses a run that would not fit in device memory (3), fills the inputs not
+// loaded with random values, and allocates and uploads. Returns the exit status, or 0.
+static int allocate_buffers(const options *opt, const struct cudaDeviceProp *prop, buffers *b) {
+    const attn_shape *shape = &opt->shape;
+    b->n_tensors = opt->backward ? N_TENSORS : T_O + 1;
+    const size_t n = attn_elems(shape), n_kv = attn_kv_elems(shape);
+    for (int t = 0; t < N_TENSORS; t++) b->elems[t] = tensor_is_kv(t) ? n_kv : n;
+    b->workspace = STAGE.workspace_bytes(shape);
+    b->scratch = opt->backward && STAGE.backward_scratch_bytes ? STAGE.backward_scratch_bytes(shape) : 0;
+    b->forward_scratch = STAGE.forward_scratch_bytes ? STAGE.forward_scratch_bytes(shape) : 0;
     size_t free_bytes, total_bytes;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     double tensor_bytes = 0.0;
-    for (int t = 0; t < n_tensors; t++) tensor_bytes += 2.0 * elems[t];
-    const double need = tensor_bytes + workspace + scratch + forward_scratch + 2.0 * prop.l2CacheSize;
+    for (int t = 0; t < b->n_tensors; t++) tensor_bytes += 2.0 * b->elems[t];
+    const double need = tensor_bytes + b->workspace + b->scratch + b->forward_scratch + 2.0 * prop->l2CacheSize;
     if (need > 0.9 * free_bytes) {
         fprintf(stderr, "%s: skipped: needs %.1f GiB of device memory, %.1f GiB free\n", program_name,
                 need / 1073741824.0, free_bytes / 1073741824.0);
         return EXIT_UNSUPPORTED;
     }
-
-    for (int t = 0; t < n_tensors; t++) {
-        if (host[t]) continue;  // loaded
-        host[t] = xmalloc(2 * elems[t]);
+    for (int t = 0; t < b->n_tensors; t++) {
+        if (b->host[t]) continue;  // loaded
+        b->host[t] = xmalloc(2 * b->elems[t]);
         if (t <= T_V || t == T_DO)
-            fill_normal(host[t], elems[t], shape->dtype, opt.seed, (uint64_t)t, opt.mean[t], opt.std[t],
-                        opt.outliers && t <= T_V);
+            fill_normal(b->host[t], b->elems[t], shape->dtype, opt->seed, (uint64_t)t, opt->mean[t], opt->std[t],
+                        opt->outliers && t <= T_V);
     }
-
-    void *dev_ptr[N_TENSORS] = {NULL};
-    for (int t = 0; t < n_tensors; t++) {
-        CUDA_CHECK(cudaMalloc(&dev_ptr[t], 2 * elems[t]));
-        if (t <= T_V || t == T_DO) upload(dev_ptr[t], host[t], elems[t], shape, t, opt.seq_major);
+    for (int t = 0; t < b->n_tensors; t++) {
+        CUDA_CHECK(cudaMalloc(&b->dev_ptr[t], 2 * b->elems[t]));
+        if (t <= T_V || t == T_DO) upload(b->dev_ptr[t], b->host[t], b->elems[t], shape, t, opt->seq_major);
     }
-    attn_tensors dev = {0};
-    dev.q = dev_ptr[T_Q], dev.k = dev_ptr[T_K], dev.v = dev_ptr[T_V], dev.o = dev_ptr[T_O];
-    dev.d_o = dev_ptr[T_DO], dev.dq = dev_ptr[T_DQ], dev.dk = dev_ptr[T_DK], dev.dv = dev_ptr[T_DV];
-    if (opt.seq_major) {
-        attn_strides *strides[N_TENSORS] = {&dev.q_strides,   &dev.k_strides,  &dev.v_strides,  &dev.o_strides,
-                                            &dev.d_o_strides, &dev.dq_strides, &dev.dk_strides, &dev.dv_strides};
+    attn_tensors *dev = &b->dev;
+    dev->q = b->dev_ptr[T_Q], dev->k = b->dev_ptr[T_K], dev->v = b->dev_ptr[T_V], dev->o = b->dev_ptr[T_O];
+    dev->d_o = b->dev_ptr[T_DO], dev->dq = b->dev_ptr[T_DQ], dev->dk = b->dev_ptr[T_DK], dev->dv = b->dev_ptr[T_DV];
+    if (opt->seq_major) {
+        attn_strides *strides[N_TENSORS] = {&dev->q_strides,   &dev->k_strides,  &dev->v_strides,  &dev->o_strides,
+                                            &dev->d_o_strides, &dev->dq_strides, &dev->dk_strides, &dev->dv_strides};
         for (int t = 0; t < N_TENSORS; t++) *strides[t] = seq_major_strides(shape, t);
     }
-    if (workspace) CUDA_CHECK(cudaMalloc(&dev.workspace, workspace));
-    if (scratch) CUDA_CHECK(cudaMalloc(&dev.backward_scratch, scratch));
-    if (forward_scratch) CUDA_CHECK(cudaMalloc(&dev.forward_scratch, forward_scratch));
+    if (b->workspace) CUDA_CHECK(cudaMalloc(&dev->workspace, b->workspace));
+    if (b->scratch) CUDA_CHECK(cudaMalloc(&dev->backward_scratch, b->scratch));
+    if (b->forward_scratch) CUDA_CHECK(cudaMalloc(&dev->forward_scratch, b->forward_scratch));
+    for (int t = 0; t < b->n_tensors; t++) {
+        if (t > T_V && t != T_DO) continue;
+        b->f32[t] = xmalloc(b->elems[t] * sizeof(float));
+        widen(b->host[t], b->f32[t], b->elems[t], shape->dtype);
+    }
+    return 0;
+}
+
+// The forward's check: poison O, run once, compare every element it should have written. The
+// forward's scratch is poisoned too: a forward must not count on finding it zero.
+static check_result check_forward_pass(const options *opt, buffers *b, cudaStream_t stream) {
+    const attn_shape *shape = &opt->shape;
+    CUDA_CHECK(cudaMemsetAsync(b->dev.o, 0xff, 2 * b->elems[T_O], stream));  // every element becomes HALF_POISON
+    if (b->forward_scratch)
+        CUDA_CHECK(cudaMemsetAsync(b->dev.forward_scratch, 0xff, b->forward_scratch, stream));
+    run_pass(STAGE.forward, shape, &b->dev, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    download(b->host[T_O], b->dev.o, b->elems[T_O], shape, T_O, opt->seq_major);
+    check_result result = check_output(shape, b->f32[T_Q], b->f32[T_K], b->f32[T_V], b->host[T_O]);
+    check_print(shape, &result);
+    return result;
+}
+
+// The backward's check: poison the gradients and the scratch (a backward must not read scratch it
+// has not written), run it once on the forward's O and workspace, compare; and the workspace must
+// come back as the forward left it. Returns whether it passed.
+static int check_backward_pass(const options *opt, buffers *b, cudaStream_t stream, check_bwd_result *result) {
+    const attn_shape *shape = &opt->shape;
+    for (int t = T_DQ; t <= T_DV; t++) CUDA_CHECK(cudaMemsetAsync(b->dev_ptr[t], 0xff, 2 * b->elems[t], stream));
+    if (b->scratch) CUDA_CHECK(cudaMemsetAsync(b->dev.backward_scratch, 0xff, b->scratch, stream));
+    // The workspace as the forward left it: the backward only reads it (attn.h), and PyTorch
+    // hands the same workspace to every backward of one forward.
+    unsigned char *forward_workspace = b->workspace ? xmalloc(b->workspace) : NULL;
+    if (b->workspace)
+        CUDA_CHECK(cudaMemcpy(forward_workspace, b->dev.workspace, b->workspace, cudaMemcpyDeviceToHost));
+    run_pass(STAGE.backward, shape, &b->dev, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int t = T_DQ; t <= T_DV; t++) download(b->host[t], b->dev_ptr[t], b->elems[t], shape, t, opt->seq_major);
+    const uint16_t *grads[3] = {b->host[T_DQ], b->host[T_DK], b->host[T_DV]};
+    *result = check_backward(shape, b->f32[T_Q], b->f32[T_K], b->f32[T_V], b->f32[T_DO], grads);
+    check_print_backward(shape, result);
+    int passed = check_bwd_passed(result);
+    if (b->workspace) {
+        const size_t changed = bytes_changed(forward_workspace, b->dev.workspace, b->workspace);
+        if (changed) {
+            printf("check workspace: FAIL: the backward changed %zu of the %zu bytes the forward left it\n", changed,
+                   b->workspace);
+            passed = 0;
+        }
+        free(forward_workspace);
+    }
+    return passed;
+}
+
+// Times the pass that was checked and reports it (and appends it to --csv).
+static void bench(const options *opt, const buffers *b, const struct cudaDeviceProp *prop, const char *gpu,
+                  const check_result *fwd, const check_bwd_result *bwd, cudaStream_t stream) {
+    const attn_shape *shape = &opt->shape;
+    const double bytes = 2.0 * b->elems[T_Q], kv_bytes = 2.0 * b->elems[T_K];
+    if (!opt->backward) {
+        const timing tm = time_pass(STAGE.forward, opt, &b->dev, prop, stream);
+        // Compulsory traffic only: Q, K, V read once and O written once.
+        report_timing(opt, gpu, "fwd", &tm, attn_forward_flops(shape), 2.0 * bytes + 2.0 * kv_bytes,
+                      fwd->max_abs_err);
+    } else {
+        const timing tm = time_pass(STAGE.backward, opt, &b->dev, prop, stream);
+        const double worst = fmax(bwd->dq.max_abs_err, fmax(bwd->dk.max_abs_err, bwd->dv.max_abs_err));
+        // Compulsory traffic: Q, K, V, O, dO read once; dQ, dK, dV written once.
+        report_timing(opt, gpu, "bwd", &tm, attn_backward_flops(shape), 4.0 * bytes + 4.0 * kv_bytes, worst);
+    }
+}
+
+static void free_buffers(buffers *b) {
+    for (int t = 0; t < N_TENSORS; t++) {
+        if (b->dev_ptr[t]) CUDA_CHECK(cudaFree(b->dev_ptr[t]));
+        free(b->f32[t]);
+        free(b->host[t]);
+    }
+    if (b->dev.workspace) CUDA_CHECK(cudaFree(b->dev.workspace));
+    if (b->dev.backward_scratch) CUDA_CHECK(cudaFree(b->dev.backward_scratch));
+    if (b->dev.forward_scratch) CUDA_CHECK(cudaFree(b->dev.forward_scratch));
+}
+
+// The program: refuse what cannot run, check the forward (and the backward) against the float64
+// reference, and only then time the pass.
+int main(int argc, char **argv) {
+    set_program_name();
+    options opt = parse_options(argc, argv);
+    opt.shape.fp8 = STAGE.fp8;  // the checker's rule follows the stage's FP8 method
+    buffers b = {0};
+    int status = refuse_before_device(&opt, b.host);
+    struct cudaDeviceProp prop;
+    char gpu[sizeof prop.name];
+    if (!status) status = find_gpu(&opt.shape, &prop, gpu, sizeof gpu);
+    if (status) return status;
+    print_run(&opt, gpu);
+    if ((status = allocate_buffers(&opt, &prop, &b))) return status;
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
 
-    // Check: poison O, run once, compare every element it should have written. The forward's
-    // scratch is poisoned too: a forward must not count on finding it zero.
-    CUDA_CHECK(cudaMemsetAsync(dev.o, 0xff, bytes, stream));  // every element becomes HALF_POISON
-    if (forward_scratch) CUDA_CHECK(cudaMemsetAsync(dev.forward_scratch, 0xff, forward_scratch, stream));
-    run_pass(STAGE.forward, shape, &dev, stream);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    download(host[T_O], dev.o, n, shape, T_O, opt.seq_major);
+    const check_result fwd = check_forward_pass(&opt, &b, stream);
+    int passed = check_passed(&fwd);
+    check_bwd_result bwd = {0};
+    if (opt.backward && passed) passed = check_backward_pass(&opt, &b, stream, &bwd);
+    if (opt.save_dir) save_tensors(opt.save_dir, &opt.shape, b.host, b.n_tensors);
+    if (opt.bench && passed) bench(&opt, &b, &prop, gpu, &fwd, &bwd, stream);
 
-    float *f32[N_TENSORS] = {NULL};  // float copies of the inputs for the reference
-    for (int t = 0; t < n_tensors; t++) {
-        if (t > T_V && t != T_DO) continue;
-        f32[t] = xmalloc(elems[t] * sizeof(float));
-        widen(host[t], f32[t], elems[t], shape->dtype);
-    }
-    check_result result = check_output(shape, f32[T_Q], f32[T_K], f32[T_V], host[T_O]);
-    check_print(shape, &result);
-    int passed = check_passed(&result);
-
-    // Backward: poison the gradients and the scratch (a backward must not read scratch it has not
-    // written), run it once on the forward's O and workspace, compare.
-    check_bwd_result bwd_result;
-    if (opt.backward && passed) {
-        for (int t = T_DQ; t <= T_DV; t++) CUDA_CHECK(cudaMemsetAsync(dev_ptr[t], 0xff, 2 * elems[t], stream));
-        if (scratch) CUDA_CHECK(cudaMemsetAsync(dev.backward_scratch, 0xff, scratch, stream));
-        // The workspace as the forward left it: the backward only reads it (attn.h), and PyTorch
-        // hands the same workspace to every backward of one forward.
-        unsigned char *forward_workspace = workspace ? xmalloc(workspace) : NULL;
-        if (workspace) CUDA_CHECK(cudaMemcpy(forward_workspace, dev.workspace, workspace, cudaMemcpyDeviceToHost));
-        run_pass(STAGE.backward, shape, &dev, stream);
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        for (int t = T_DQ; t <= T_DV; t++)
-            download(host[t], dev_ptr[t], elems[t], shape, t, opt.seq_major);
-        const uint16_t *grads[3] = {host[T_DQ], host[T_DK], host[T_DV]};
-        bwd_result = check_backward(shape, f32[T_Q], f32[T_K], f32[T_V], f32[T_DO], grads);
-        check_print_backward(shape, &bwd_result);
-        passed = check_bwd_passed(&bwd_result);
-        if (workspace) {
-            const size_t changed = bytes_changed(forward_workspace, dev.workspace, workspace);
-            if (changed) {
-                printf("check workspace: FAIL: the backward changed %zu of the %zu bytes the forward left it\n",
-                       changed, workspace);
-                passed = 0;
-            }
-            free(forward_workspace);
-        }
-    }
-    if (opt.save_dir) save_tensors(opt.save_dir, shape, host, n_tensors);
-
-    if (opt.bench && passed) {
-        if (!opt.backward) {
-            const timing tm = time_pass(STAGE.forward, &opt, &dev, &prop, stream);
-            // Compulsory traffic only: Q, K, V read once and O written once.
-            report_timing(&opt, gpu, "fwd", &tm, attn_forward_flops(shape), 2.0 * bytes + 2.0 * kv_bytes,
-                          result.max_abs_err);
-        } else {
-            const timing tm = time_pass(STAGE.backward, &opt, &dev, &prop, stream);
-            const double worst = fmax(bwd_result.dq.max_abs_err,
-                                      fmax(bwd_result.dk.max_abs_err, bwd_result.dv.max_abs_err));
-            // Compulsory traffic: Q, K, V, O, dO read once; dQ, dK, dV written once.
-            report_timing(&opt, gpu, "bwd", &tm, attn_backward_flops(shape), 4.0 * bytes + 4.0 * kv_bytes, worst);
-        }
-    }
-
-    for (int t = 0; t < N_TENSORS; t++) {
-        if (dev_ptr[t]) CUDA_CHECK(cudaFree(dev_ptr[t]));
-        free(f32[t]);
-        free(host[t]);
-    }
-    if (dev.workspace) CUDA_CHECK(cudaFree(dev.workspace));
-    if (dev.backward_scratch) CUDA_CHECK(cudaFree(dev.backward_scratch));
-    if (dev.forward_scratch) CUDA_CHECK(cudaFree(dev.forward_scratch));
+    free_buffers(&b);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return passed ? 0 : EXIT_CHECK_FAILED;
 }
