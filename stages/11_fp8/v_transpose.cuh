@@ -43,7 +43,9 @@ __host__ __device__ inline void transpose_v_tile(const uint8_t *v_rows, uint8_t 
     const uint32_t h = lane / 16, t = lane / 4 % 4, dl = lane % 4;
     const uint32_t key0 = swizzled_byte<D>(16 * h + 2 * t, 4 * dl), key1 = swizzled_byte<D>(16 * h + 2 * t + 1, 4 * dl);
     const uint32_t vt_row = swizzled_byte<KEYS>(4 * dl, 16 * h + 4 * t);
+#ifdef __CUDA_ARCH__
 #pragma unroll 1  // unrolled, the passes' offsets would not fit the producer's 24 registers
+#endif
     for (uint32_t pass = warp; pass < KEYS / 32 * (D / 16); pass += warps) {
         const uint32_t g = pass % (KEYS / 32), dq = pass / (KEYS / 32);
         transpose_block<D, KEYS>(v_rows, vt, (key0 ^ dq << 4) + 32 * g * D, (key1 ^ dq << 4) + 32 * g * D,
