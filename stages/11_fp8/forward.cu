@@ -2,20 +2,23 @@
 // wgmma, which does twice the multiply-adds per cycle of fp16's.
 //
 // The idea: FlashAttention-3's FP8 forward (Shah et al. 2024, section 3.3), in two kernels.
-//   quantize (one launch each for Q, K and V): a block takes 128 rows of a head, rotates Q's and
-//     K's rows by one random-sign Hadamard transform (kHadamard: q.k is unchanged, an outlier's
-//     weight spreads over all D entries), takes their largest magnitude, and stores x / scale in
-//     e4m3 with scale = amax / 448 (kBlockScales: one scale per block; otherwise one per tensor,
-//     from a pass that only takes the amax). V is stored transposed, [D][keys], because e4m3
-//     wgmma reads both operands K-major, and P V's K is the keys; within every 32 keys its columns
-//     are permuted (v_key) so that P's accumulator registers are wgmma's A operand as they are.
-//   attend: stage 09's frame, on e4m3 tiles: a producer warpgroup loads Q, K and Vᵀ by TMA into
-//     rings, two consumer warpgroups run S = Q Kᵀ (k = 32 per instruction), the online softmax in
-//     fp32 with the blocks' scales folded into its scale, P to e4m3 (P <= 1: no scale), and
-//     O += P Vᵀ; O, kept in units of the current V block's scale, goes out as fp16.
-// What changed from stage 09: e4m3 operands and wgmma, the quantize pass, the scales in the
-// softmax, V transposed and permuted, ex2.approx for 2^x, and stage 10's overlap inside a
-// warpgroup (kOverlap); not stage 10's persistent blocks or TMA stores of O.
+//   quantize (one launch each for K and V): a block takes 128 rows of a head, rotates K's rows by
+//     one random-sign Hadamard transform (kHadamard: q.k is unchanged when Q's rows get the same
+//     rotation, and an outlier's weight spreads over all D entries), takes their largest
+//     magnitude, and stores x / scale in e4m3 with scale = amax / 448 (kBlockScales: one scale per
+//     block; otherwise one per tensor, from a pass that only takes the amax). V is stored
+//     transposed, [D][keys], because e4m3 wgmma reads both operands K-major, and P V's K is the
+//     keys; within every 32 keys its columns are permuted (v_key) so that P's accumulator
+//     registers are wgmma's A operand as they are.
+//   attend: stage 09's frame, on e4m3 tiles: the consumers first quantize the block's 128 query
+//     rows from fp16 Q as the pass quantizes K's (kFusedQ; otherwise the pass quantizes Q too),
+//     a producer warpgroup loads K and Vᵀ by TMA into rings, two consumer warpgroups run
+//     S = Q Kᵀ (k = 32 per instruction), the online softmax in fp32 with the blocks' scales folded
+//     into its scale, P to e4m3 (P <= 1: no scale), and O += P Vᵀ; O, kept in units of the
+//     current V block's scale, goes out as fp16.
+// What changed from stage 09: e4m3 operands and wgmma, the quantize pass and Q's quantization in
+// the kernel, the scales in the softmax, V transposed and permuted, ex2.approx for 2^x, and stage
+// 10's overlap inside a warpgroup (kOverlap); not stage 10's persistent blocks or TMA stores of O.
 // Limits: forward only; Hopper only; Q, K and V of one shape, contiguous fp16 [B, H, S, D]; the
 // quantize pass is its own kernels, timed in the forward.
 #include <math.h>
@@ -33,12 +36,15 @@
 static_assert(BLOCK_ROWS == ATTN_FP8_BLOCK_ROWS && KEY_TILE == ATTN_FP8_BLOCK_ROWS,
               "a tile is one block of the quantization");
 
-// The lesson's ladder (ladder.txt) turns these on one at a time; both are on as built.
+// The lesson's ladder (ladder.txt) turns these on one at a time; all are on as built.
 #ifndef BLOCK_SCALES
 #define BLOCK_SCALES 1  // 0: one scale per tensor
 #endif
 #ifndef HADAMARD
 #define HADAMARD 1      // 0: Q and K quantized as they are
+#endif
+#ifndef FUSED_Q
+#define FUSED_Q 1       // 0: Q quantized by the pass, as K is
 #endif
 #ifndef OVERLAP
 #define OVERLAP 1       // 0: each step of a consumer waits for the one before, as stage 09's
@@ -52,9 +58,6 @@ constexpr bool kHadamard = HADAMARD;
 #define V_IN_KERNEL 0   // 1: V quantized as K is, and transposed in shared memory by the producer (ablations.txt)
 #endif
 constexpr bool kVInKernel = V_IN_KERNEL;
-#ifndef FUSED_Q
-#define FUSED_Q 0       // 1: Q rotated and rounded by the attention kernel's consumers, not by the pass (ablations.txt)
-#endif
 constexpr bool kFusedQ = FUSED_Q;
 static_assert(!kFusedQ || BLOCK_SCALES, "Q's block is the kernel's query tile: a fused Q takes a scale per block");
 #define Q_BARRIER 3     // kFusedQ: the named barrier of the 256 consumer threads (ping-pong's are 1 and 2)
@@ -727,7 +730,8 @@ static cudaError_t launch_forward(const attn_shape *s, const attn_tensors *t, cu
     fp8.q = (const __half *)t->q;
     cudaError_t err = launch_quantize<D>(s, t, fp8, stream);
     const int heads_total = s->batch * s->heads;
-    CUtensorMap q_map, k_map, vt_map;  // boxes of a tile's rows x D bytes, and D rows x 128 keys
+    // Boxes of a tile's rows x D bytes, and D rows x 128 keys; with kFusedQ nothing reads q_map.
+    CUtensorMap q_map, k_map, vt_map;
     if (err == cudaSuccess) err = make_tensor_map_bytes(&q_map, fp8.q8, heads_total, s->seq, D, BLOCK_ROWS, D);
     if (err == cudaSuccess) err = make_tensor_map_bytes(&k_map, fp8.k8, heads_total, s->seq, D, KEY_TILE, D);
     if (err == cudaSuccess)  // Vᵀ, or with kVInKernel V's rows as K's
