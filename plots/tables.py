@@ -277,8 +277,8 @@ def ratio_table(csv_path, stage, peer, direction="fwd", first=2048):
     rows = read_csv(csv_path)
     if not rows:
         return no_data(csv_path)
-    tf = {key_of(r)[:4]: num(r, "tflops") for r in rows
-          if r["direction"] == direction and on_sweep(r) and int(r["seq"]) >= first}
+    used = [r for r in rows if r["direction"] == direction and on_sweep(r) and int(r["seq"]) >= first]
+    tf = {key_of(r)[:4]: num(r, "tflops") for r in used}
     seqs = [S for S in SEQS if S >= first]
     ratio = {(S, D, c): tf[stage, S, D, c] / tf[peer, S, D, c] for D, c in CELLS for S in seqs
              if (stage, S, D, c) in tf and (peer, S, D, c) in tf}
@@ -290,8 +290,11 @@ def ratio_table(csv_path, stage, peer, direction="fwd", first=2048):
             x = f"{ratio[S, D, c]:.3f}" if (S, D, c) in ratio else "-"
             cells.append(f"**{x}**" if (S, D, c) == lowest else x)
         table.append([f"D = {D}{' causal' if c else ''}"] + cells)
-    return [f"Ratios {stage} / {peer}, {'forward' if direction == 'fwd' else 'backward'}, from the same run "
-            f"(`{csv_path}`); the lowest in bold:", ""] + markdown_table(
+    runs = {name: commits([r for r in used if r["stage"] == name]) for name in (stage, peer)}
+    source = (f"from the same run (`{csv_path}`, commit {runs[stage]})" if runs[stage] == runs[peer] else
+              f"from two runs (`{csv_path}`: {stage} at commit {runs[stage]}, {peer} at {runs[peer]})")
+    return [f"Ratios {stage} / {peer}, {'forward' if direction == 'fwd' else 'backward'}, {source}; "
+            "the lowest in bold:", ""] + markdown_table(
         [f"{stage} / {peer}", f"S = {seqs[0]}"] + [str(S) for S in seqs[1:]], table)
 
 

@@ -15,7 +15,7 @@ Markdown file:
   - numbers in prose: every number with a decimal point outside code, links and the generated
     tables is either in a committed measurement (plots/data/*.csv at the precision written, also
     divided by 1e3 or 1e6 for us -> ms -> s; docs/profiles/*.txt) or in a generated table, or is
-    computed by one division, product, difference or percentage from numbers of its own
+    computed by one division, product, sum, difference or percentage from numbers of its own
     paragraph (which may themselves be computed so): no hand-typed or stale number survives a
     new run, and every derived one shows what it comes from.
 Prints each broken reference as FILE:LINE: what, and exits 1 if there is any.
@@ -142,7 +142,7 @@ def prose(line):
 
 
 def derived(numbers, written):
-    """Which written numbers are one a/b, a*b, a-b or percentage of two other numbers of the
+    """Which written numbers are one a/b, a*b, a+b, a-b or percentage of two other numbers of the
     paragraph (a number computed so may in turn feed another), rounded as the prose writes it."""
     pool = [float(n) for n in numbers]
     found = set()
@@ -152,7 +152,7 @@ def derived(numbers, written):
             others = [v for v in pool if v != x] + [float(t) for t in found if t != text]
             # within one unit of the last digit written: a ratio of rounded ratios may differ so
             if any(abs(r - x) <= 1.01 * 10 ** -d for a in others for b in others if a != b
-                   for r in ([a * b, a - b] + ([a / b, 100 * a / b, 100 * (a / b - 1), 100 * (1 - a / b)] if b else []))):
+                   for r in ([a * b, a + b, a - b] + ([a / b, 100 * a / b, 100 * (a / b - 1), 100 * (1 - a / b)] if b else []))):
                 found.add(text)
     return found
 
