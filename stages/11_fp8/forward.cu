@@ -10,12 +10,12 @@
 //     transposed, [D][keys], because e4m3 wgmma reads both operands K-major, and P V's K is the
 //     keys; within every 32 keys its columns are permuted (v_key) so that P's accumulator
 //     registers are wgmma's A operand as they are.
-//   attend: stage 09's frame, on e4m3 tiles: the consumers first quantize the block's 128 query
-//     rows from fp16 Q as the pass quantizes K's (kFusedQ; otherwise the pass quantizes Q too),
-//     a producer warpgroup loads K and Vᵀ by TMA into rings, two consumer warpgroups run
-//     S = Q Kᵀ (k = 32 per instruction), the online softmax in fp32 with the blocks' scales folded
-//     into its scale, P to e4m3 (P <= 1: no scale), and O += P Vᵀ; O, kept in units of the
-//     current V block's scale, goes out as fp16.
+//   attend: stage 09's frame, on e4m3 tiles: the two consumer warpgroups first quantize the
+//     block's 128 query rows from fp16 Q as the pass quantizes K's (kFusedQ; otherwise the pass
+//     quantizes Q too, and TMA loads it), a producer warpgroup loads K and Vᵀ by TMA into rings,
+//     and the consumers run S = Q Kᵀ (k = 32 per instruction), the online softmax in fp32 with
+//     the blocks' scales folded into its scale, P to e4m3 (P <= 1: no scale), and O += P Vᵀ; O,
+//     kept in units of the current V block's scale, goes out as fp16.
 // What changed from stage 09: e4m3 operands and wgmma, the quantize pass and Q's quantization in
 // the kernel, the scales in the softmax, V transposed and permuted, ex2.approx for 2^x, and stage
 // 10's overlap inside a warpgroup (kOverlap); not stage 10's persistent blocks or TMA stores of O.
@@ -66,21 +66,21 @@ static_assert(!kFusedQ || BLOCK_SCALES, "Q's block is the kernel's query tile: a
 constexpr int kMethod = ATTN_FP8 | (kBlockScales ? ATTN_FP8_BLOCK_SCALES : 0) | (kHadamard ? ATTN_FP8_HADAMARD : 0);
 
 // Registers per thread after setmaxnreg, as in stage 09: the block is launched with KERNEL_REGS a
-// thread (ptxas' most under __launch_bounds__(THREADS, 1)), and setmaxnreg only shares that pool
-// out: 128 x PRODUCER_REGS + 256 x CONSUMER_REGS = 64,512 = THREADS x KERNEL_REGS, exactly.
+// thread (ptxas' most under __launch_bounds__(THREADS, 1)) and holds THREADS x KERNEL_REGS =
+// 64,512 from its launch on; setmaxnreg only moves them between warpgroups: 128 x 24 + 256 x 240
+// = 64,512, exactly. A producer at more than 24 would leave the consumers' setmaxnreg.inc waiting
+// for registers that never come free.
 #define KERNEL_REGS 168
-// The block holds THREADS x KERNEL_REGS = 64,512 registers from its launch on, and setmaxnreg only
-// moves them between warpgroups: 128 x 24 + 256 x 240 = 64,512. A producer at more than 24 would
-// leave the consumers' setmaxnreg.inc waiting for registers that never come free.
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS 240
 #define TRANSPOSER_THREADS 96                  // kVInKernel: producer warps 1 to 3 transpose V's tiles
 
 // ---------------------------------------------------------------------------------------------
 // The quantized tensors, in the forward's scratch.
-//   q8, k8 [B*H][S][D] e4m3; vt8 [B*H][D][s_pad] e4m3, keys padded to a whole tile with zeros
-//   (kVInKernel: V's rows, [B*H][S][D], as K's);
-//   q_scale, k_scale, v_scale [B*H][blocks] float; amax[3] (per-tensor scales only).
+//   q8, k8 [B*H][S][D] e4m3 (q8 written by the pass without kFusedQ only); vt8 [B*H][D][s_pad]
+//   e4m3, keys padded to a whole tile with zeros (kVInKernel: V's rows, [B*H][S][D], as K's);
+//   q_scale, k_scale, v_scale [B*H][blocks] float (q_scale without kFusedQ only); amax[3]
+//   (per-tensor scales only).
 struct Fp8Tensors {
     const __half *q;  // kFusedQ: fp16 Q, [B*H][S][D], which the attention kernel quantizes
     uint8_t *q8, *k8, *vt8;
@@ -382,7 +382,8 @@ __device__ __forceinline__ BlockWork block_work(int S, int causal) {
     return {(int)(blockIdx.x / n_qtiles), q0, ceil_div(keys, KEY_TILE)};
 }
 
-// The producer loop, one thread: Q once, then each key tile's K and Vᵀ into free slots.
+// The producer loop, one thread: Q once (unless kFusedQ), then each key tile's K and Vᵀ (with
+// kVInKernel, V's rows, for the transposing warps) into free slots.
 template <int D>
 __device__ __forceinline__ void produce(const SharedTiles<D> &smem, const CUtensorMap *q_map, const CUtensorMap *k_map,
                                         const CUtensorMap *vt_map, const BlockWork &work) {

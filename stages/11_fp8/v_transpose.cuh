@@ -36,8 +36,9 @@ __host__ __device__ inline void transpose_block(const uint8_t *v_rows, uint8_t *
 // blocks. In pass (g, dq), lane = 16h + 4t + dl takes the block of keys from k0 = 32g + 16h + 2t
 // and of columns from d0 = 16 dq + 4 dl, so that a load instruction reads 16 banks twice over and
 // a store writes 16 banks twice over. A swizzle XORs a row's 16-byte chunk index with a phase that
-// repeats every 8 rows, so the lane's offsets are computed once, for pass (0, 0): moving 32g rows
-// adds whole rows, and moving 16 dq bytes along a row XORs the chunk index with dq.
+// repeats every 8 rows, so the lane's offsets are computed once, for pass (0, 0). In V, moving 32g
+// keys adds whole rows and moving 16 dq columns XORs the chunk index with dq; in Vᵀ the roles
+// swap: 16 dq rows are whole rows, and 32g keys XOR the chunk index with 2g.
 template <int D, int KEYS>
 __host__ __device__ inline void transpose_v_tile(const uint8_t *v_rows, uint8_t *vt, int warp, int warps, int lane) {
     const uint32_t h = lane / 16, t = lane / 4 % 4, dl = lane % 4;
