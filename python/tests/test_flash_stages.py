@@ -260,10 +260,12 @@ def test_forward_only_stages_match_float64(stage, causal):
     assert max_error(o, exact) <= 2 * max_error(theirs, exact) + 1e-3
 
 
-ALL_STAGES = [s.name for s in flash_stages.stages()] if torch.cuda.is_available() else []
+# Every stage held to fp16's bound: all but the FP8 one, whose many-heads cases are CTest's
+# (tests/CMakeLists.txt: add_many_heads_tests), checked by its own rule.
+FP16_STAGES = [s.name for s in flash_stages.stages() if not s.fp8] if torch.cuda.is_available() else []
 
 
-@pytest.mark.parametrize("stage", ALL_STAGES)
+@pytest.mark.parametrize("stage", FP16_STAGES)
 @pytest.mark.parametrize("shape, causal", [((1, 65537, 5, 64), False), ((65536, 2, 3, 128), True),
                                            ((2, 33000, 4, 64), False)])
 def test_more_heads_than_a_grid_dimension_holds(stage, shape, causal):
