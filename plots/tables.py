@@ -254,21 +254,25 @@ def stage_table(csv_path, stage, direction):
     rows = read_csv(csv_path)
     if not rows:
         return no_data(csv_path)
-    tf, seqs, gpu = {}, set(), ""
+    tf, seqs, gpu, used = {}, set(), "", {stage: [], "sdpa_flash": []}
     for r in rows:
         if r["direction"] == direction and on_sweep(r):
             name, S, D, causal, _ = key_of(r)
             if name in (stage, "sdpa_flash"):
                 tf[name, S, D, causal] = f"{num(r, 'tflops'):.2f}"
                 seqs.add(S)
+                used[name].append(r)
             gpu = r["gpu"]
     if (stage, 4096, 64, 0) not in tf and (stage, 4096, 128, 0) not in tf:
         return [f"_Not measured in `{csv_path}`._"]
     name = "the H100" if "H100" in gpu else f"the {gpu}"
     table = [[S] + [f"{tf.get((stage, S, D, c), 'skipped')} ({tf.get(('sdpa_flash', S, D, c), 'skipped')})"
                     for D, c in CELLS] for S in SEQS if S in seqs]
+    runs = {n: commits(rs) for n, rs in used.items()}
+    run = (f"commit {runs[stage]}" if runs[stage] == runs["sdpa_flash"] or not runs["sdpa_flash"] else
+           f"{stage} at commit {runs[stage]}, SDPA flash at {runs['sdpa_flash']}")
     return [f"{'Forward' if direction == 'fwd' else 'Backward'} TFLOP/s on {name} (B*S = 16384, H*D = 2048), "
-            f"from `{csv_path}`; in brackets PyTorch SDPA flash:", ""] + markdown_table(
+            f"from `{csv_path}` ({run}); in brackets PyTorch SDPA flash:", ""] + markdown_table(
         ["S"] + CELL_HEADER, table, ["---:"] * 5)
 
 
@@ -362,12 +366,15 @@ def ablation_table(csv_path, stage):
     rows = read_csv(path)
     if not rows:
         return [f"_No ablation measurements committed yet ({path})._"]
+    if not any(r["stage"] == stage for r in rows):
+        return [f"_No ablation run of {stage} in `{path}`._"]
     peer = listed["peer"]
-    tf = {}
+    tf, peer_rows = {}, []
     if peer:  # the peer from the sweep, at each sequence length's sweep shape (B * S = 16384)
         for r in read_csv(csv_path):
             if r["stage"] == peer and int(r["batch"]) * int(r["seq"]) == 16384:
                 tf[key_of(r)] = num(r, "tflops")
+                peer_rows.append(r)
     for r in rows:
         tf[key_of(r)] = num(r, "tflops")
     previous = previous_stage(stage)
@@ -402,7 +409,8 @@ def ablation_table(csv_path, stage):
             lines.append("")
         lines += [f"TFLOP/s at S = {seq} (B = {16384 // seq}, H*D = 2048) on the {rows[-1]['gpu']}, one run of "
                   f"`plots/ablations.py`, from `{path}`; in brackets the ratio to the "
-                  "stage as built" + (f" (for {peer}, from the sweep of the same run in `{csv_path}`)" if peer else "")
+                  "stage as built" + (f" (for {peer}, from the sweep in `{csv_path}`, commit {commits(peer_rows)})"
+                                     if peer else "")
                   + ":", ""]
         lines += markdown_table(["build", "pass", "what the build changes"] + CELL_HEADER, table,
                                 ["---", "---", "---"] + ["---:"] * 4)
