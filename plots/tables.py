@@ -90,6 +90,15 @@ def commits(rows, column="commit"):
     return ", ".join(dict.fromkeys(row[column] for row in rows))
 
 
+def runs_of(stage, stage_rows, peer, peer_rows):
+    """(whether one run measured a stage's rows and its peer's, words naming the commits): "commit
+    X", or "<stage> at commit X, <peer> at Y" where they differ; no peer rows count as one run."""
+    mine, theirs = commits(stage_rows), commits(peer_rows)
+    if mine == theirs or not theirs:
+        return True, f"commit {mine}"
+    return False, f"{stage} at commit {mine}, {peer} at {theirs}"
+
+
 def markdown_table(header, rows, align=None):
     """Lines of a Markdown table; align: one '---' or '---:' per column (default: the first left,
     the rest right)."""
@@ -268,9 +277,7 @@ def stage_table(csv_path, stage, direction):
     name = "the H100" if "H100" in gpu else f"the {gpu}"
     table = [[S] + [f"{tf.get((stage, S, D, c), 'skipped')} ({tf.get(('sdpa_flash', S, D, c), 'skipped')})"
                     for D, c in CELLS] for S in SEQS if S in seqs]
-    runs = {n: commits(rs) for n, rs in used.items()}
-    run = (f"commit {runs[stage]}" if runs[stage] == runs["sdpa_flash"] or not runs["sdpa_flash"] else
-           f"{stage} at commit {runs[stage]}, SDPA flash at {runs['sdpa_flash']}")
+    _, run = runs_of(stage, used[stage], "SDPA flash", used["sdpa_flash"])
     return [f"{'Forward' if direction == 'fwd' else 'Backward'} TFLOP/s on {name} (B*S = 16384, H*D = 2048), "
             f"from `{csv_path}` ({run}); in brackets PyTorch SDPA flash:", ""] + markdown_table(
         ["S"] + CELL_HEADER, table, ["---:"] * 5)
@@ -294,9 +301,9 @@ def ratio_table(csv_path, stage, peer, direction="fwd", first=2048):
             x = f"{ratio[S, D, c]:.3f}" if (S, D, c) in ratio else "-"
             cells.append(f"**{x}**" if (S, D, c) == lowest else x)
         table.append([f"D = {D}{' causal' if c else ''}"] + cells)
-    runs = {name: commits([r for r in used if r["stage"] == name]) for name in (stage, peer)}
-    source = (f"from the same run (`{csv_path}`, commit {runs[stage]})" if runs[stage] == runs[peer] else
-              f"from two runs (`{csv_path}`: {stage} at commit {runs[stage]}, {peer} at {runs[peer]})")
+    one_run, run = runs_of(stage, [r for r in used if r["stage"] == stage], peer,
+                           [r for r in used if r["stage"] == peer])
+    source = f"from {'the same run' if one_run else 'two runs'} (`{csv_path}`, {run})"
     return [f"Ratios {stage} / {peer}, {'forward' if direction == 'fwd' else 'backward'}, {source}; "
             "the lowest in bold:", ""] + markdown_table(
         [f"{stage} / {peer}", f"S = {seqs[0]}"] + [str(S) for S in seqs[1:]], table)
